@@ -1,0 +1,128 @@
+// The memory backends: zero-size types satisfying MemoryBackend.
+//
+// CUDA backends return nullptr when the driver is unavailable, when the
+// driver call fails, or when their registry is full (the fresh allocation is
+// released first). None falls back to host memory: the caller chooses.
+#pragma once
+
+#include <cstddef>
+
+#include "backend/memory_backend.hpp"
+#include "backend/registry.hpp"
+
+namespace mnemosyne {
+
+// CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
+struct CudaUnified {
+  static constexpr BackendId kId = BackendId::unified;
+  static constexpr const char* kName = "unified";
+  static constexpr bool supports_page_reset = false;
+  static constexpr bool supports_make_guard = false;
+  static constexpr bool supports_decommit = false;
+  static constexpr bool enable_cpu_cache = true;
+  static constexpr bool inherited_by_fork = false;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+// Managed memory advised to prefer the configured device
+// (cuMemAdvise_v2 SET_PREFERRED_LOCATION, CU_MEM_LOCATION_TYPE_DEVICE).
+// A failed advice leaves the allocation valid and is counted.
+struct CudaDevice {
+  static constexpr BackendId kId = BackendId::device;
+  static constexpr const char* kName = "device";
+  static constexpr bool supports_page_reset = false;
+  static constexpr bool supports_make_guard = false;
+  static constexpr bool supports_decommit = false;
+  static constexpr bool enable_cpu_cache = false;
+  static constexpr bool inherited_by_fork = false;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+// Device semantics under distinct pool identities: same driver operation as
+// CudaDevice, their own registry and counters. No claim of physical placement.
+struct CudaHbm {
+  static constexpr BackendId kId = BackendId::hbm;
+  static constexpr const char* kName = "hbm";
+  static constexpr bool supports_page_reset = CudaDevice::supports_page_reset;
+  static constexpr bool supports_make_guard = CudaDevice::supports_make_guard;
+  static constexpr bool supports_decommit = CudaDevice::supports_decommit;
+  static constexpr bool enable_cpu_cache = CudaDevice::enable_cpu_cache;
+  static constexpr bool inherited_by_fork = false;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+struct CudaGddr {
+  static constexpr BackendId kId = BackendId::gddr;
+  static constexpr const char* kName = "gddr";
+  static constexpr bool supports_page_reset = CudaDevice::supports_page_reset;
+  static constexpr bool supports_make_guard = CudaDevice::supports_make_guard;
+  static constexpr bool supports_decommit = CudaDevice::supports_decommit;
+  static constexpr bool enable_cpu_cache = CudaDevice::enable_cpu_cache;
+  static constexpr bool inherited_by_fork = false;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+// Page-locked host memory, cuMemHostAlloc(..., DEVICEMAP | PORTABLE).
+struct CudaHostPinned {
+  static constexpr BackendId kId = BackendId::pinned;
+  static constexpr const char* kName = "pinned";
+  static constexpr bool supports_page_reset = false;
+  static constexpr bool supports_make_guard = false;
+  static constexpr bool supports_decommit = false;
+  static constexpr bool enable_cpu_cache = true;
+  static constexpr bool inherited_by_fork = false;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+// Anonymous private mmap, for machines without a driver.
+struct Host {
+  static constexpr BackendId kId = BackendId::host;
+  static constexpr const char* kName = "host";
+  static constexpr bool supports_page_reset = true;
+  static constexpr bool supports_make_guard = true;
+  static constexpr bool supports_decommit = true;
+  static constexpr bool enable_cpu_cache = true;
+  static constexpr bool inherited_by_fork = true;
+  static void* allocate(std::size_t size) noexcept;
+  static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static AllocationRegistry& registry() noexcept;
+};
+
+static_assert(MemoryBackend<CudaUnified>);
+static_assert(MemoryBackend<CudaDevice>);
+static_assert(MemoryBackend<CudaHbm>);
+static_assert(MemoryBackend<CudaGddr>);
+static_assert(MemoryBackend<CudaHostPinned>);
+static_assert(MemoryBackend<Host>);
+
+// Calls f.template operator()<B>() with the backend type for `id`: the
+// caller's code is instantiated once per backend, no virtual dispatch.
+// `id` must not be BackendId::none.
+template <class F>
+decltype(auto) with_backend(BackendId id, F&& f) {
+  switch (id) {
+    case BackendId::unified: return f.template operator()<CudaUnified>();
+    case BackendId::device: return f.template operator()<CudaDevice>();
+    case BackendId::hbm: return f.template operator()<CudaHbm>();
+    case BackendId::gddr: return f.template operator()<CudaGddr>();
+    case BackendId::pinned: return f.template operator()<CudaHostPinned>();
+    case BackendId::host:
+    case BackendId::none: break;
+  }
+  return f.template operator()<Host>();
+}
+
+// True when the driver loads, initializes and has the allocation entry points.
+bool is_cuda_available() noexcept;
+
+}  // namespace mnemosyne

@@ -1,0 +1,49 @@
+// Scope of one driver call: makes the configured device's primary context
+// current (retained once), marks the thread as "inside the driver" so the
+// interposer never re-enters the driver from a malloc the driver makes, and on
+// exit restores whatever context the thread had before.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/driver_api.hpp"
+
+namespace mnemosyne {
+
+// True while this thread is inside a driver call made by mnemosyne, or when
+// the thread was started by the driver during such a call (see
+// mark_thread_as_driver_owned).
+bool in_driver_call() noexcept;
+
+// Marks the calling thread as one the driver owns: the interposer then never
+// asks the driver for memory on it. Called on threads the driver creates.
+void mark_thread_as_driver_owned() noexcept;
+
+// RAII: sets the in-driver flag, then pushes the primary context of
+// device_ordinal(). ok() is false when the driver is unavailable or the
+// context could not be made current (then nothing is pushed).
+class DriverCall {
+ public:
+  DriverCall() noexcept;
+  ~DriverCall();
+  DriverCall(const DriverCall&) = delete;
+  DriverCall& operator=(const DriverCall&) = delete;
+
+  bool ok() const noexcept { return api_ != nullptr; }
+  const DriverApi& api() const noexcept { return *api_; }
+  CUdevice device() const noexcept { return device_; }
+
+ private:
+  const DriverApi* api_ = nullptr;
+  CUdevice device_ = 0;
+  bool pushed_ = false;
+  bool outer_flag_ = false;
+};
+
+// Creates a fresh context on `ordinal` for tests and probes and leaves it
+// current on the calling thread (cuCtxCreate_v4). Null on failure.
+CUcontext create_temp_context(int ordinal) noexcept;
+// Destroys a context from create_temp_context. False on failure.
+bool destroy_temp_context(CUcontext ctx) noexcept;
+
+}  // namespace mnemosyne
