@@ -1,0 +1,55 @@
+// Threads the driver starts while mnemosyne is inside a driver call (cuInit
+// starts several) are marked as driver-owned: their mallocs may come from
+// the arena, but never make it call the driver again. Such a thread can hold
+// the driver's own lock when it calls malloc, and asking the driver for a new
+// segment from there would deadlock.
+#include <dlfcn.h>
+#include <pthread.h>
+
+#include <atomic>
+
+#include "backend/driver_call.hpp"
+#include "libc.hpp"
+
+namespace {
+
+using CreateFn = int (*)(pthread_t*, const pthread_attr_t*, void* (*)(void*), void*);
+std::atomic<CreateFn> g_real_create{nullptr};
+
+CreateFn real_create() noexcept {
+  CreateFn fn = g_real_create.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    fn = reinterpret_cast<CreateFn>(dlsym(RTLD_NEXT, "pthread_create"));
+    g_real_create.store(fn, std::memory_order_release);
+  }
+  return fn;
+}
+
+struct Start {
+  void* (*routine)(void*);
+  void* arg;
+};
+
+void* driver_thread_main(void* raw) {
+  const Start start = *static_cast<Start*>(raw);
+  __libc_free(raw);
+  mnemosyne::mark_thread_as_driver_owned();
+  return start.routine(start.arg);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* thread,
+                                                                     const pthread_attr_t* attr,
+                                                                     void* (*routine)(void*),
+                                                                     void* arg) {
+  const CreateFn create = real_create();
+  if (create == nullptr) return EAGAIN;
+  if (!mnemosyne::in_driver_call()) return create(thread, attr, routine, arg);
+  auto* start = static_cast<Start*>(__libc_malloc(sizeof(Start)));
+  if (start == nullptr) return EAGAIN;
+  *start = Start{routine, arg};
+  const int rc = create(thread, attr, &driver_thread_main, start);
+  if (rc != 0) __libc_free(start);
+  return rc;
+}

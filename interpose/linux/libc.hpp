@@ -1,0 +1,22 @@
+// glibc's own allocator, reached directly: memory from before our start,
+// from inside driver calls, or in a forked child that lost its heap.
+#pragma once
+
+#include <cstddef>
+
+extern "C" {
+void* __libc_malloc(std::size_t size);
+void* __libc_calloc(std::size_t count, std::size_t size);
+void* __libc_realloc(void* ptr, std::size_t size);
+void* __libc_memalign(std::size_t alignment, std::size_t size);
+void __libc_free(void* ptr);
+}
+
+namespace mnemosyne::linux_host {
+
+// glibc's malloc_usable_size (it has no __libc_ alias); 0 until resolved.
+std::size_t usable_size(void* ptr) noexcept;
+// Resolves what usable_size needs; called once from the constructor.
+void resolve() noexcept;
+
+}  // namespace mnemosyne::linux_host

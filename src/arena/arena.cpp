@@ -1,0 +1,285 @@
+#include "arena/arena.hpp"
+
+#include <errno.h>
+#include <pthread.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "arena/segment_provider.hpp"
+#include "arena/segment_table.hpp"
+#include "arena/state.hpp"
+#include "backend/driver_call.hpp"
+#include "backend/loader.hpp"
+
+namespace mnemosyne::arena {
+
+constinit State g_state;
+
+namespace {
+
+// Requests this large get a segment of their own, given back on free.
+constexpr std::size_t kDedicatedThreshold = std::size_t{1} << 30;
+// mimalloc 2.0.9 accepts 64 arenas per process; keep a few for the user.
+constexpr int kMaxArenas = 60;
+// How long a thread waits for another thread's growth before it serves the
+// request from the host heap instead (deadlock insurance, never expected).
+constexpr long kGrowWaitSeconds = 2;
+constexpr std::size_t kMaxArenaSize = std::size_t{1} << 40;
+
+void warn(const char* line) noexcept {
+  if (g_state.cfg.warn != nullptr) g_state.cfg.warn(line);
+}
+
+void* host_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  const HostHeap& h = g_state.cfg.host;
+  if (h.malloc == nullptr) return nullptr;
+  g_state.host_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  void* p = alignment != 0 ? h.memalign(alignment, size) : h.malloc(size);
+  if (p != nullptr && zero) std::memset(p, 0, size);
+  return p;
+}
+
+void* mi_retry(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  if (alignment != 0) {
+    return zero ? mi_zalloc_aligned_at(size, alignment, 0)
+                : mi_malloc_aligned_at(size, alignment, 0);
+  }
+  return zero ? mi_zalloc(size) : mi_malloc(size);
+}
+
+// True when `bytes` more may be taken from `backend` under the limit.
+bool within_limit(BackendId backend, std::size_t bytes) noexcept {
+  const std::size_t limit = g_state.cfg.limit;
+  if (limit == 0 || !is_cuda_backend(backend)) return true;
+  const std::uint64_t used = g_state.backend_bytes.load(std::memory_order_relaxed);
+  return used <= limit && bytes <= limit - used;
+}
+
+// Adds an arena of at least `min_bytes`; the caller holds grow_lock.
+bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
+  if (g_state.arenas >= kMaxArenas) {
+    std::snprintf(why, why_len, "mimalloc's arena table is full (%d arenas)", g_state.arenas);
+    return false;
+  }
+  const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
+  // A huge object needs its blocks contiguous in one arena, plus the
+  // segment's own metadata: leave one 32 MiB block of room.
+  const std::size_t need = round_up(min_bytes, kSegmentAlign) + kSegmentAlign;
+  std::size_t want = std::max(g_state.next_arena_size, need);
+  const std::size_t slack = kSegmentAlign;  // what the provider adds for alignment
+  if (!within_limit(backend, want + slack)) {
+    const std::size_t room = g_state.cfg.limit - g_state.backend_bytes.load();
+    want = room > slack ? (room - slack) / kSegmentAlign * kSegmentAlign : 0;
+    if (want < need) {
+      std::snprintf(why, why_len, "the limit of %zu bytes is reached", g_state.cfg.limit);
+      return false;
+    }
+  }
+  Segment seg;
+  if (!acquire_segment(backend, want, kSegmentAlign, &seg)) {
+    if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
+      std::snprintf(why, why_len, "the CUDA driver is unavailable: %.200s", driver_info().reason);
+    } else {
+      std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB",
+                    backend_name(backend), want >> 20);
+    }
+    return false;
+  }
+  // Mark ownership before mimalloc can hand out a block of it.
+  owner_map_set(seg.start, seg.size,
+                static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
+  const bool is_zero = backend == BackendId::host;
+  if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/true, /*is_large=*/false,
+                              is_zero, /*numa_node=*/-1, /*exclusive=*/false, nullptr) ||
+      !g_state.table.add(seg, /*dedicated=*/false)) {
+    release_segment(seg);
+    std::snprintf(why, why_len, "mimalloc refused a new arena");
+    return false;
+  }
+  g_state.arenas++;
+  g_state.backend_bytes.fetch_add(is_cuda_backend(backend) ? seg.raw_size : 0);
+  g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
+  g_state.total_arena_bytes += seg.size;
+  // Geometric growth: each arena as large as all before it together, so the
+  // 64-arena cap is never what stops a process before its backend is full.
+  g_state.next_arena_size = std::min(g_state.total_arena_bytes, kMaxArenaSize);
+  g_state.generation.fetch_add(1, std::memory_order_release);
+  return true;
+}
+
+bool lock_grow() noexcept {
+  timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  deadline.tv_sec += kGrowWaitSeconds;
+  if (pthread_mutex_timedlock(&g_state.grow_lock, &deadline) == 0) return true;
+  g_state.grow_waits_timed_out.fetch_add(1, std::memory_order_relaxed);
+  return false;
+}
+
+// Grows unless another thread did since `seen`. False when nothing was added
+// and nothing will be: the caller falls back.
+bool grow(std::size_t min_bytes, std::uint32_t seen) noexcept {
+  if (g_state.exhausted.load(std::memory_order_acquire)) return false;
+  if (!lock_grow()) return false;
+  bool ok = true;
+  if (g_state.generation.load(std::memory_order_acquire) == seen) {
+    char why[256];
+    ok = add_arena_locked(min_bytes, why, sizeof why);
+    if (!ok) {
+      // The backend said no: stop asking it (each attempt is a driver call).
+      g_state.exhausted.store(true, std::memory_order_release);
+      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%.250s", why);
+    }
+  }
+  pthread_mutex_unlock(&g_state.grow_lock);
+  return ok;
+}
+
+// The backend could not serve this request. With the host fallback the host
+// heap serves it, and the first time that happens one line says why.
+void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* why) noexcept {
+  if (g_state.cfg.fallback == Fallback::fail) return nullptr;
+  void* p = host_alloc(size, alignment, zero);
+  if (p != nullptr && !g_state.warned_fallback.exchange(true)) {
+    char line[512];
+    std::snprintf(line, sizeof line,
+                  "mnemosyne: the %s backend could not serve a request (%.256s); "
+                  "such requests now use host memory",
+                  backend_name(g_state.backend.load()), why);
+    warn(line);
+  }
+  return p;
+}
+
+void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  if (g_state.exhausted.load(std::memory_order_acquire)) return nullptr;
+  const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
+  const std::size_t align = std::max(alignment, kSegmentAlign);
+  const std::size_t rounded = round_up(size, kSegmentAlign);
+  if (rounded < size || !within_limit(backend, rounded + align)) return nullptr;
+  Segment seg;
+  if (!acquire_segment(backend, rounded, align, &seg)) return nullptr;
+  owner_map_set(seg.start, seg.size,
+                static_cast<std::uint8_t>(kOwnerDedicated | std::uint8_t(backend)));
+  if (!g_state.table.add(seg, /*dedicated=*/true)) {
+    release_segment(seg);
+    return nullptr;
+  }
+  if (is_cuda_backend(backend)) g_state.backend_bytes.fetch_add(seg.raw_size);
+  g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
+  g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
+  g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
+  if (zero && backend != BackendId::host) std::memset(seg.start, 0, size);
+  return seg.start;
+}
+
+}  // namespace
+
+bool start(const Config& cfg, StartReport* report) noexcept {
+  g_state.cfg = cfg;
+  // Every user byte comes from arenas this file adds; options a user could
+  // set through MIMALLOC_* that would take OS memory behind the backend's
+  // back, or release arena memory at exit, are forced off.
+  mi_option_set(mi_option_limit_os_alloc, 1);
+  mi_option_set(mi_option_reserve_os_memory, 0);
+  mi_option_set(mi_option_reserve_huge_os_pages, 0);
+  mi_option_set(mi_option_reserve_huge_os_pages_at, -1);
+  mi_option_set(mi_option_large_os_pages, 0);
+  mi_option_set(mi_option_page_reset, 0);
+  mi_option_set(mi_option_destroy_on_exit, 0);
+  mi_process_init();
+
+  report->requested = cfg.backend;
+  g_state.backend.store(cfg.backend);
+  g_state.next_arena_size = std::max(round_up(cfg.first_segment, kSegmentAlign), kSegmentAlign);
+  char why[256] = {};
+  pthread_mutex_lock(&g_state.grow_lock);
+  bool ok = add_arena_locked(0, why, sizeof why);
+  if (!ok && cfg.backend != BackendId::host) {
+    std::snprintf(report->reason, sizeof report->reason, "%.250s", why);
+    if (cfg.fallback == Fallback::fail) {
+      // The user asked for failures rather than host memory: every request
+      // the (empty) arena cannot serve now ends in NULL / ENOMEM.
+      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%.250s", why);
+      g_state.exhausted.store(true);
+      ok = true;
+    } else {
+      g_state.backend.store(BackendId::host);
+      ok = add_arena_locked(0, why, sizeof why);
+    }
+  }
+  pthread_mutex_unlock(&g_state.grow_lock);
+  report->active = g_state.backend.load();
+  return ok;
+}
+
+BackendId active_backend() noexcept {
+  return g_state.backend.load(std::memory_order_relaxed);
+}
+
+void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  const int saved_errno = errno;
+  // The driver is calling malloc (inside a call of ours, or on a thread it
+  // started during one): asking it for memory now could deadlock.
+  if (in_driver_call()) return host_alloc(size, alignment, zero);
+
+  void* p = nullptr;
+  const char* why = g_state.exhausted_reason;
+  if (alignment > kMaxArenaAlign || size >= kDedicatedThreshold) {
+    p = alloc_dedicated(size, alignment, zero);
+    if (p == nullptr && !g_state.exhausted.load())
+      why = "a dedicated segment could not be allocated";
+  } else {
+    for (int attempt = 0; attempt < 4 && p == nullptr; ++attempt) {
+      const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);
+      p = mi_retry(size, alignment, zero);
+      if (p != nullptr || !grow(size + alignment, seen)) break;
+    }
+    if (p == nullptr) p = mi_retry(size, alignment, zero);
+  }
+  if (p == nullptr) p = fallback(size, alignment, zero, why);
+  if (p != nullptr) errno = saved_errno;
+  return p;
+}
+
+void free_dedicated(void* ptr) noexcept {
+  Segment seg;
+  if (!g_state.table.remove_dedicated(ptr, &seg)) return;  // not a block start: ignore
+  g_state.dedicated_live.fetch_sub(1, std::memory_order_relaxed);
+  if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_sub(seg.raw_size);
+  g_state.reserved[static_cast<int>(seg.backend)].fetch_sub(seg.raw_size,
+                                                            std::memory_order_relaxed);
+  release_segment(seg);
+}
+
+std::size_t dedicated_size(const void* ptr) noexcept {
+  return g_state.table.dedicated_size(ptr);
+}
+
+void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
+  const std::size_t old_size = usable_size(ptr, tag);
+  if ((tag & kOwnerDedicated) != 0 && size <= old_size && size > old_size / 2) return ptr;
+  void* p = alloc(size);
+  if (p == nullptr) return nullptr;
+  std::memcpy(p, ptr, std::min(old_size, size));
+  free(ptr, tag);
+  return p;
+}
+
+void stats(Stats* out) noexcept {
+  out->segments = static_cast<std::uint64_t>(g_state.arenas);
+  out->dedicated_live = g_state.dedicated_live.load(std::memory_order_relaxed);
+  out->dedicated_total = g_state.dedicated_total.load(std::memory_order_relaxed);
+  for (int i = 0; i < kBackendCount; ++i) {
+    out->bytes_reserved[i] = g_state.reserved[i].load(std::memory_order_relaxed);
+  }
+  out->host_fallbacks = g_state.host_fallbacks.load(std::memory_order_relaxed);
+  out->grow_waits_timed_out = g_state.grow_waits_timed_out.load(std::memory_order_relaxed);
+  out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
+}
+
+}  // namespace mnemosyne::arena

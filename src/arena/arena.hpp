@@ -1,0 +1,131 @@
+// The arena: a private mimalloc whose every segment comes from one backend.
+//
+// mimalloc runs with limit_os_alloc, so it never takes memory from the OS for
+// user blocks: when it returns NULL, the slow path here asks the segment
+// provider for another arena (geometric growth, one grower at a time) and
+// retries. Requests no arena can serve (alignment above 16 MiB, or very
+// large) get a dedicated segment from the same backend.
+//
+// The fast paths below are mimalloc's own plus one predictable branch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <mimalloc.h>
+
+#include "arena/ownership_map.hpp"
+#include "backend/backend_id.hpp"
+
+namespace mnemosyne::arena {
+
+enum class Fallback : std::uint8_t { host, fail };
+
+// The platform's own allocator (glibc's; the CRT's on Windows): where memory
+// goes that must not or cannot come from the backend.
+struct HostHeap {
+  void* (*malloc)(std::size_t size);
+  void* (*memalign)(std::size_t alignment, std::size_t size);
+  void (*free)(void* ptr);
+};
+
+struct Config {
+  BackendId backend = BackendId::unified;
+  std::size_t first_segment = std::size_t{64} << 20;  // first arena reservation
+  std::size_t limit = 0;                              // cap on backend bytes; 0 = none
+  Fallback fallback = Fallback::host;
+  HostHeap host{};
+  void (*warn)(const char* line) = nullptr;  // one line, no newline
+};
+
+struct StartReport {
+  BackendId requested = BackendId::none;
+  BackendId active = BackendId::none;  // host when the requested one failed
+  char reason[320] = {};               // why the requested backend is not active
+};
+
+// Sets mimalloc's options, then reserves the first arena from cfg.backend, or
+// from the host backend (mmap) when that fails. False only when not even the
+// host backend could give memory; the caller then serves from its host heap.
+bool start(const Config& cfg, StartReport* report) noexcept;
+
+inline constexpr std::size_t kMaxArenaAlign = std::size_t{16} << 20;  // MI_ALIGNMENT_MAX
+
+void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept;
+void free_dedicated(void* ptr) noexcept;
+std::size_t dedicated_size(const void* ptr) noexcept;
+void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept;
+
+inline void* alloc(std::size_t size) noexcept {
+  void* p = mi_malloc(size);
+  if (__builtin_expect(p != nullptr, 1)) return p;
+  return alloc_slow(size, 0, false);
+}
+
+inline void* alloc_zeroed(std::size_t size) noexcept {
+  void* p = mi_zalloc(size);
+  if (__builtin_expect(p != nullptr, 1)) return p;
+  return alloc_slow(size, 0, true);
+}
+
+// mi_malloc_aligned_at(.., 0), not mi_malloc_aligned: 2.0.9's fast path of the
+// latter returns under-aligned blocks (a 512-byte alignas(256) object came
+// back 128-aligned; upstream issues #700, #602).
+inline void* alloc_aligned(std::size_t size, std::size_t alignment) noexcept {
+  if (alignment <= kMaxArenaAlign) {
+    void* p = mi_malloc_aligned_at(size, alignment, 0);
+    if (__builtin_expect(p != nullptr, 1)) return p;
+  }
+  return alloc_slow(size, alignment, false);
+}
+
+// `tag` is owner_tag(ptr), non-zero.
+inline void free(void* ptr, std::uint8_t tag) noexcept {
+  if (__builtin_expect((tag & kOwnerArena) != 0, 1)) {
+    mi_free(ptr);
+  } else {
+    free_dedicated(ptr);
+  }
+}
+
+inline std::size_t usable_size(const void* ptr, std::uint8_t tag) noexcept {
+  if ((tag & kOwnerArena) != 0) return mi_usable_size(ptr);
+  return dedicated_size(ptr);
+}
+
+// Resizes a block this arena owns (`tag` non-zero, size > 0). Null on failure,
+// the old block then left as it was.
+inline void* realloc(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
+  if (__builtin_expect((tag & kOwnerArena) != 0, 1)) {
+    void* p = mi_realloc(ptr, size);
+    if (__builtin_expect(p != nullptr, 1)) return p;
+  }
+  return realloc_slow(ptr, tag, size);
+}
+
+// The backend that new segments come from now.
+BackendId active_backend() noexcept;
+
+// fork() without exec: memory of backends that a child does not inherit is
+// copied (pages resident on the CPU) before the fork and put back in place in
+// the child, so the child's heap keeps working; afterwards the child grows
+// with host memory and never calls the driver. Register these with
+// pthread_atfork (prepare runs last among prepare handlers when registered
+// first). child_after_fork returns false when the child's heap could not be
+// restored: the caller must then stop using the arena.
+void prepare_fork() noexcept;
+void parent_after_fork() noexcept;
+bool child_after_fork() noexcept;
+
+struct Stats {
+  std::uint64_t segments = 0;                        // arenas added
+  std::uint64_t dedicated_live = 0;                  // dedicated blocks live now
+  std::uint64_t dedicated_total = 0;                 // dedicated blocks served
+  std::uint64_t bytes_reserved[kBackendCount] = {};  // per backend, arenas + dedicated
+  std::uint64_t host_fallbacks = 0;                  // allocations served by the host heap
+  std::uint64_t grow_waits_timed_out = 0;
+  std::uint64_t fork_bytes_copied = 0;
+};
+void stats(Stats* out) noexcept;
+
+}  // namespace mnemosyne::arena

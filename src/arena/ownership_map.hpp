@@ -1,0 +1,44 @@
+// O(1), lock-free answer to "is this pointer ours, and which backend's?".
+//
+// Every byte mnemosyne hands out lies in a segment that starts on a 32 MiB
+// boundary and spans whole 32 MiB chunks, so one byte per chunk of the 47-bit
+// user address space (4 MiB of zero-initialized, lazily touched memory)
+// describes the whole heap. The malloc/free fast path reads one entry.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "backend/backend_id.hpp"
+
+namespace mnemosyne {
+
+inline constexpr unsigned kSegmentShift = 25;  // 32 MiB: mimalloc 2.0.9's arena block
+inline constexpr std::size_t kSegmentAlign = std::size_t{1} << kSegmentShift;
+inline constexpr unsigned kAddressBits = 47;
+inline constexpr std::size_t kOwnerMapEntries = std::size_t{1} << (kAddressBits - kSegmentShift);
+
+// An entry: 0 = not ours; otherwise a kind bit and the backend id.
+inline constexpr std::uint8_t kOwnerArena = 0x40;      // mimalloc arena memory
+inline constexpr std::uint8_t kOwnerDedicated = 0x80;  // one block, one segment
+inline constexpr std::uint8_t kOwnerBackendMask = 0x0f;
+
+extern std::atomic<std::uint8_t> g_owner_map[kOwnerMapEntries];
+
+inline std::uint8_t owner_tag(const void* ptr) noexcept {
+  const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift;
+  if (chunk >= kOwnerMapEntries) return 0;
+  return g_owner_map[chunk].load(std::memory_order_acquire);
+}
+
+inline BackendId owner_backend(std::uint8_t tag) noexcept {
+  return static_cast<BackendId>(tag & kOwnerBackendMask);
+}
+
+// True when [start, start+size) can be described by the map.
+bool owner_map_covers(const void* start, std::size_t size) noexcept;
+// Sets the entries of every chunk in [start, start+size) (32 MiB aligned).
+void owner_map_set(const void* start, std::size_t size, std::uint8_t tag) noexcept;
+
+}  // namespace mnemosyne

@@ -1,0 +1,59 @@
+#include "arena/segment_provider.hpp"
+
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "arena/ownership_map.hpp"
+#include "backend/backends.hpp"
+
+namespace mnemosyne {
+namespace {
+
+std::atomic<bool> g_forked_child{false};
+
+std::size_t page_size() noexcept {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align,
+                     Segment* out) noexcept {
+  if (align < kSegmentAlign || (align & (align - 1)) != 0) return false;
+  size = round_up(size, kSegmentAlign);
+  const std::size_t raw_size = size + align - page_size();
+  if (size == 0 || raw_size < size) return false;  // overflow
+
+  void* raw = with_backend(backend, [&]<MemoryBackend B>() { return B::allocate(raw_size); });
+  if (raw == nullptr) return false;
+
+  const auto raw_addr = reinterpret_cast<std::uintptr_t>(raw);
+  const std::uintptr_t start = (raw_addr + align - 1) & ~(std::uintptr_t{align} - 1);
+  const std::size_t usable = (raw_addr + raw_size - start) / kSegmentAlign * kSegmentAlign;
+  if (!owner_map_covers(reinterpret_cast<void*>(start), usable)) {
+    with_backend(backend, [&]<MemoryBackend B>() { return B::deallocate(raw, raw_size); });
+    return false;
+  }
+  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend};
+  return true;
+}
+
+void release_segment(const Segment& segment) noexcept {
+  owner_map_set(segment.start, segment.size, 0);
+  if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(segment.backend)) {
+    munmap(segment.start, segment.size);  // the child's copy; the slack was never copied
+    return;
+  }
+  with_backend(segment.backend,
+               [&]<MemoryBackend B>() { return B::deallocate(segment.raw, segment.raw_size); });
+}
+
+void provider_enter_forked_child() noexcept {
+  g_forked_child.store(true, std::memory_order_relaxed);
+}
+
+}  // namespace mnemosyne

@@ -1,0 +1,41 @@
+// The segment provider: whole 32 MiB aligned segments from one backend.
+//
+// Backends return page-aligned blocks (the CUDA driver: 2 MiB aligned, rarely
+// 32 MiB aligned), and a misaligned mimalloc arena silently fails, so the
+// provider asks for `size + align - page` bytes and uses the aligned interior.
+// The slack stays reserved with the block (managed memory is only backed when
+// touched; for pinned memory it is real RAM, under one alignment per segment).
+#pragma once
+
+#include <cstddef>
+
+#include "backend/backend_id.hpp"
+
+namespace mnemosyne {
+
+struct Segment {
+  void* start = nullptr;     // aligned start, what the arena uses
+  std::size_t size = 0;      // usable bytes from start, a multiple of 32 MiB
+  void* raw = nullptr;       // what the backend returned
+  std::size_t raw_size = 0;  // what was asked of the backend
+  BackendId backend = BackendId::none;
+};
+
+// Acquires at least `size` bytes (rounded up to 32 MiB) aligned to `align`
+// (a power of two, at least 32 MiB) from `backend`. False when the backend
+// returned nothing or memory the ownership map cannot describe.
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Segment* out) noexcept;
+
+// Gives a segment back to its backend. In a forked child, segments that came
+// from a CUDA backend are the child's own copies (see fork_copy.hpp) and are
+// unmapped instead: the driver is never called there.
+void release_segment(const Segment& segment) noexcept;
+
+// Called in a forked child: from now on release_segment never calls a driver.
+void provider_enter_forked_child() noexcept;
+
+inline constexpr std::size_t round_up(std::size_t n, std::size_t to) noexcept {
+  return (n + to - 1) / to * to;
+}
+
+}  // namespace mnemosyne

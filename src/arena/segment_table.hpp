@@ -1,0 +1,41 @@
+// The segments the arena holds: its mimalloc arenas and its dedicated blocks.
+// Read and changed only on slow paths, under one short lock.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "arena/segment_provider.hpp"
+#include "arena/spin_lock.hpp"
+
+namespace mnemosyne {
+
+class SegmentTable {
+ public:
+  static constexpr std::size_t kCapacity = 4096;
+
+  struct Entry {
+    Segment segment;
+    bool dedicated = false;
+    bool used = false;
+  };
+
+  // False when the table is full.
+  bool add(const Segment& segment, bool dedicated) noexcept;
+  // Removes the dedicated block starting at `start`; false when none does.
+  bool remove_dedicated(const void* start, Segment* out) noexcept;
+  // Size of the dedicated block starting at `start`, 0 when none does.
+  std::size_t dedicated_size(const void* start) noexcept;
+
+  // For fork handling: the caller holds lock() around the iteration.
+  SpinLock& lock() noexcept { return lock_; }
+  Entry* entries() noexcept { return entries_; }
+  std::size_t high_water() const noexcept { return high_water_; }
+
+ private:
+  SpinLock lock_;
+  Entry entries_[kCapacity];
+  std::size_t high_water_ = 0;  // entries_[high_water_..] were never used
+};
+
+}  // namespace mnemosyne

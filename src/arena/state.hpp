@@ -1,0 +1,39 @@
+// The arena's process-wide state, shared by its growth and fork handling.
+// Constant-initialized: malloc can run before any constructor.
+#pragma once
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "arena/arena.hpp"
+#include "arena/segment_table.hpp"
+
+namespace mnemosyne::arena {
+
+struct State {
+  Config cfg{};
+  std::atomic<BackendId> backend{BackendId::none};  // where new segments come from
+  std::atomic<std::uint32_t> generation{0};         // bumped by every added arena
+  std::atomic<bool> exhausted{false};               // the backend said no; do not ask again
+  char exhausted_reason[256] = {};
+  std::atomic<bool> warned_fallback{false};
+  pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
+  int arenas = 0;                     // under grow_lock
+  std::size_t next_arena_size = 0;    // under grow_lock
+  std::size_t total_arena_bytes = 0;  // under grow_lock
+  SegmentTable table;
+  std::atomic<std::uint64_t> backend_bytes{0};  // CUDA bytes taken, for the limit
+  std::atomic<std::uint64_t> reserved[kBackendCount] = {};
+  std::atomic<std::uint64_t> dedicated_live{0};
+  std::atomic<std::uint64_t> dedicated_total{0};
+  std::atomic<std::uint64_t> host_fallbacks{0};
+  std::atomic<std::uint64_t> grow_waits_timed_out{0};
+  std::atomic<std::uint64_t> fork_bytes_copied{0};
+};
+
+extern constinit State g_state;
+
+}  // namespace mnemosyne::arena
