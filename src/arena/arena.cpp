@@ -160,7 +160,11 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero) noexce
   const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
   const std::size_t align = std::max(alignment, kSegmentAlign);
   const std::size_t rounded = round_up(size, kSegmentAlign);
-  if (rounded < size || !within_limit(backend, rounded + align)) return nullptr;
+  // Larger than the address space the ownership map describes: no backend
+  // call can succeed, so none is made.
+  constexpr std::size_t kAddressSpace = std::size_t{1} << kAddressBits;
+  if (rounded < size || rounded > kAddressSpace || align > kAddressSpace) return nullptr;
+  if (!within_limit(backend, rounded + align)) return nullptr;
   Segment seg;
   if (!acquire_segment(backend, rounded, align, &seg)) return nullptr;
   owner_map_set(seg.start, seg.size,

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The test command: set-up if needed, configure, build, run every test, then
+# the unit tests again under AddressSanitizer+UBSan and ThreadSanitizer.
+# Usage: scripts/test.sh [--quick]   (--quick: skip the sanitizer builds)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+
+scripts/setup.sh
+
+configure() {  # dir, extra meson options...
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+}
+
+passed=0
+failed=0
+run_suite() {  # dir, meson test args...
+  local dir=$1; shift
+  local rc=0
+  meson test -C "$dir" --print-errorlogs "$@" || rc=$?
+  local counts
+  counts=$(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+import json, sys
+ok = bad = 0
+for line in open(sys.argv[1]):
+    r = json.loads(line)["result"]
+    if r in ("OK", "EXPECTEDFAIL", "SKIP"): ok += 1
+    else: bad += 1
+print(ok, bad)
+PY
+)
+  passed=$((passed + ${counts% *}))
+  failed=$((failed + ${counts#* }))
+  return $rc
+}
+
+status=0
+echo "== build (release)"
+configure build
+ninja -C build
+echo "== tests (release): unit and end-to-end"
+run_suite build --num-processes 2 || status=1
+
+if [ $quick -eq 0 ]; then
+  echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+  configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
+  ninja -C build-asan
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    run_suite build-asan --suite unit || status=1
+  echo "== registry and loader tests under ThreadSanitizer"
+  configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
+  ninja -C build-tsan
+  TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan --suite tsan || status=1
+fi
+
+echo "$passed passed, $failed failed"
+exit $status

@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""End-to-end tests: unmodified programs under libmnemosyne.so.
+
+Each case runs a program without and with the interposer (and the test-double
+driver), requires byte-identical results, and reads the double's log to check
+where the heap landed. Usage: run_e2e.py CASE [BACKEND]. Paths come from the
+environment that meson's test() sets (see meson.build).
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+LIB = os.environ["MNEMOSYNE_LIB"]
+FAKE = os.environ["FAKECUDA_LIB"]
+PROBE = os.environ["ALLOC_PROBE"]
+CHURN = os.environ["THREAD_CHURN"]
+DLOPEN_PROBE = os.environ["DLOPEN_PROBE"]
+CTOR_LIB = os.environ["CTOR_LIB"]
+LAUNCHER = os.environ.get("MNEMOSYNE_LAUNCHER", "")
+PYTHON = "/usr/bin/python3"
+TIMEOUT = 240
+
+MANAGED = {"unified", "device", "hbm", "gddr"}
+
+
+class Failure(Exception):
+    pass
+
+
+def expect(ok, message):
+    if not ok:
+        raise Failure(message)
+
+
+class Run:
+    """One program run, with or without the interposer."""
+
+    def __init__(self, tmp, backend, preload, extra_env=None):
+        self.log = os.path.join(tmp, "fake.log")
+        env = dict(os.environ)
+        for key in list(env):
+            if key.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD")):
+                del env[key]
+        env["LC_ALL"] = "C"
+        if preload:
+            env["LD_PRELOAD"] = LIB
+            env["MNEMOSYNE_BACKEND"] = backend
+            env["MNEMOSYNE_CUDA_DRIVER"] = FAKE
+            env["FAKECUDA_LOG"] = self.log
+        env.update(extra_env or {})
+        self.env = env
+
+    def __call__(self, cmd, cwd=None, stdin=None):
+        return subprocess.run(cmd, env=self.env, cwd=cwd, input=stdin, capture_output=True,
+                               timeout=TIMEOUT)
+
+
+def parse_log(path):
+    events = []
+    if not os.path.exists(path):
+        return events
+    with open(path) as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 2:
+                continue
+            event = {"pid": int(parts[0]), "event": parts[1]}
+            for kv in parts[2:]:
+                if "=" in kv:
+                    k, v = kv.split("=", 1)
+                    event[k] = v
+            events.append(event)
+    return events
+
+
+def driver_blocks(events):
+    """(start, end, kind, pid) of every block the double handed out."""
+    blocks = []
+    for e in events:
+        if e["event"] == "alloc" and e.get("rc") == "0":
+            start = int(e["ptr"], 16)
+            blocks.append((start, start + int(e["size"]), e["kind"], e["pid"]))
+    return blocks
+
+
+def check_heap(events, backend, device=0):
+    """The heap of every process under the interposer came from the backend."""
+    fails = [e for e in events if e["event"] == "fail"]
+    expect(not fails, f"driver calls failed: {fails[:3]}")
+    allocs = [e for e in events if e["event"] == "alloc"]
+    if backend == "host":
+        expect(not allocs, "the host backend must not allocate driver memory")
+        return
+    kind = "host" if backend == "pinned" else "managed"
+    expect(allocs, f"no driver allocation was logged for backend {backend}")
+    expect(all(e["kind"] == kind for e in allocs), f"{backend}: expected only {kind} blocks")
+    if backend in ("device", "hbm", "gddr"):
+        advice = [e for e in events if e["event"] == "advise"]
+        expect(advice, "device backend: no cuMemAdvise was logged")
+        expect(all(int(e["loc_id"]) == device for e in advice),
+               f"device backend: advice must name device {device}: {advice[:3]}")
+
+
+def compare(base, mine, what, stdout_only=False):
+    expect(base.returncode == mine.returncode,
+           f"{what}: exit status {mine.returncode} under the interposer, {base.returncode} without"
+           f"\nstderr: {mine.stderr.decode(errors='replace')[-2000:]}")
+    expect(base.stdout == mine.stdout, f"{what}: stdout differs under the interposer\n"
+           f"--- without\n{base.stdout[-1500:]!r}\n--- with\n{mine.stdout[-1500:]!r}")
+    if not stdout_only:
+        expect(base.stderr == mine.stderr, f"{what}: stderr differs under the interposer\n"
+               f"--- without\n{base.stderr[-1500:]!r}\n--- with\n{mine.stderr[-1500:]!r}")
+
+
+def twice(tmp, backend, cmd, what, extra_env=None, cwd_factory=None, stdin=None, stdout_only=False):
+    """Runs cmd without and with the interposer; returns the second run's events."""
+    base_cwd = cwd_factory("base") if cwd_factory else None
+    mine_cwd = cwd_factory("mine") if cwd_factory else None
+    base = Run(tmp, backend, False, extra_env)(cmd, cwd=base_cwd, stdin=stdin)
+    run = Run(tmp, backend, True, extra_env)
+    mine = run(cmd, cwd=mine_cwd, stdin=stdin)
+    compare(base, mine, what, stdout_only)
+    return parse_log(run.log), base, mine
+
+
+# ---------------------------------------------------------------- the cases
+
+def case_probe(tmp, backend):
+    pointers = os.path.join(tmp, "pointers.txt")
+    device = 1 if backend in ("device", "hbm", "gddr") else 0
+    extra = {"MNEMOSYNE_DEVICE": str(device)}
+    base = Run(tmp, backend, False, extra)([PROBE])
+    run = Run(tmp, backend, True, dict(extra, PROBE_POINTERS=pointers))
+    mine = run([PROBE])
+    compare(base, mine, "alloc_probe")
+    events = parse_log(run.log)
+    check_heap(events, backend, device)
+    with open(pointers) as f:
+        ptrs = [int(line, 16) for line in f if line.strip()]
+    expect(len(ptrs) > 20, f"too few pointers recorded: {len(ptrs)}")
+    blocks = driver_blocks(events)
+    if backend == "host":
+        expect(not blocks, "host backend: driver memory was allocated")
+        return
+    outside = [hex(p) for p in ptrs if not any(s <= p < e for s, e, _, _ in blocks)]
+    expect(not outside, f"pointers outside driver memory: {outside[:5]} of {len(ptrs)}")
+
+
+PY_WORKLOAD = r"""
+import json, os, sqlite3, subprocess, sys, threading
+data = {"k%d" % i: [str(j) * (j % 7) for j in range(i % 40)] for i in range(3000)}
+text = json.dumps(data, sort_keys=True)
+assert json.loads(text) == data
+db = sqlite3.connect(":memory:")
+db.execute("create table t (a integer, b text)")
+db.executemany("insert into t values (?, ?)", [(i, "x" * (i % 300)) for i in range(30000)])
+db.execute("create index ti on t(b)")
+print(db.execute("select count(*), sum(length(b)) from t where a % 3 = 0").fetchone())
+results = []
+lock = threading.Lock()
+def work(n):
+    r = sum(len(str(x) * 3) for x in range(n))
+    with lock:
+        results.append(r)
+threads = [threading.Thread(target=work, args=(40000 + i,)) for i in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(sorted(results))
+out = subprocess.run([sys.executable, "-c", "print(sum(range(10**5)))"],
+                     capture_output=True, text=True).stdout
+print(out.strip(), len(text))
+where = os.environ.get("E2E_WHERE")
+if where:
+    import ctypes
+    lib = ctypes.CDLL(None)
+    lib.mnemosyne_backend_of.restype = ctypes.c_char_p
+    lib.mnemosyne_backend_of.argtypes = [ctypes.c_void_p]
+    big = bytes(1 << 20)
+    with open(where, "w") as f:
+        f.write(lib.mnemosyne_backend_of(id(big)).decode() + "\n")
+        f.write(lib.mnemosyne_backend_of(id(text)).decode() + "\n")
+"""
+
+
+def case_python(tmp, backend):
+    where = os.path.join(tmp, "where.txt")
+    base = Run(tmp, backend, False)([PYTHON, "-c", PY_WORKLOAD])
+    run = Run(tmp, backend, True, {"E2E_WHERE": where})
+    mine = run([PYTHON, "-c", PY_WORKLOAD])
+    compare(base, mine, "python3")
+    check_heap(parse_log(run.log), backend, 0)
+    with open(where) as f:
+        places = f.read().split()
+    expect(places == [backend, backend], f"python objects live in {places}, expected {backend}")
+
+
+C_SOURCE = r"""
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+struct node { struct node* next; char name[32]; };
+static int cmp(const void* a, const void* b) { return strcmp(*(char* const*)a, *(char* const*)b); }
+int main(int argc, char** argv) {
+  struct node* head = NULL;
+  for (int i = 0; i < 1000; ++i) {
+    struct node* n = malloc(sizeof *n);
+    snprintf(n->name, sizeof n->name, "node-%d-%d", i * 7919 % 1000, argc);
+    n->next = head; head = n;
+  }
+  char* names[1000]; int k = 0;
+  for (struct node* n = head; n; n = n->next) names[k++] = n->name;
+  qsort(names, k, sizeof names[0], cmp);
+  printf("%s %s\n", names[0], names[k - 1]);
+  (void)argv;
+  return 0;
+}
+"""
+
+
+def case_gcc(tmp, backend):
+    src = os.path.join(tmp, "prog.c")
+    with open(src, "w") as f:
+        f.write(C_SOURCE)
+    outs = {}
+    for label in ("base", "mine"):
+        outs[label] = os.path.join(tmp, f"prog-{label}.o")
+    base = Run(tmp, backend, False)(["gcc", "-O2", "-Wall", "-c", src, "-o", outs["base"]])
+    run = Run(tmp, backend, True)
+    mine = run(["gcc", "-O2", "-Wall", "-c", src, "-o", outs["mine"]])
+    compare(base, mine, "gcc")
+    with open(outs["base"], "rb") as a, open(outs["mine"], "rb") as b:
+        expect(a.read() == b.read(), "gcc produced a different object file under the interposer")
+    check_heap(parse_log(run.log), backend, 0)
+
+
+def case_git(tmp, backend):
+    env = {"GIT_AUTHOR_NAME": "A", "GIT_AUTHOR_EMAIL": "a@example.invalid",
+           "GIT_COMMITTER_NAME": "A", "GIT_COMMITTER_EMAIL": "a@example.invalid",
+           "GIT_AUTHOR_DATE": "2020-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2020-01-01T00:00:00Z",
+           "GIT_CONFIG_NOSYSTEM": "1", "HOME": tmp}
+    results = {}
+    log_events = []
+    for label, preload in (("base", False), ("mine", True)):
+        repo = os.path.join(tmp, f"repo-{label}")
+        os.makedirs(repo)
+        for i in range(50):
+            with open(os.path.join(repo, f"f{i}.txt"), "w") as f:
+                f.write(f"file {i}\n" * (i * 20 + 1))
+        run = Run(tmp, backend, preload, env)
+        outs = []
+        for cmd in (["git", "init", "-q", "-b", "main"], ["git", "add", "."],
+                    ["git", "commit", "-q", "-m", "first"], ["git", "log", "--format=%H %s"],
+                    ["git", "gc", "-q"], ["git", "fsck"]):
+            r = run(cmd, cwd=repo)
+            outs.append((r.returncode, r.stdout))
+            expect(r.returncode == 0, f"{' '.join(cmd)} failed ({label}): {r.stderr[-500:]!r}")
+        results[label] = outs
+        if preload:
+            log_events = parse_log(run.log)
+    expect(results["base"] == results["mine"], "git results differ under the interposer")
+    check_heap(log_events, backend, 0)
+
+
+def case_sort(tmp, backend):
+    data = "".join(f"{(i * 2654435761) % 1000003:07d} line {i}\n" for i in range(200000)).encode()
+    events, _, _ = twice(tmp, backend, ["sort", "--parallel=2", "-S", "8M"], "sort", stdin=data)
+    check_heap(events, backend, 0)
+
+
+def case_xz(tmp, backend):
+    data = b"".join(b"%d:%s\n" % (i, b"abcdefgh" * (i % 17)) for i in range(300000))
+    events, base, mine = twice(tmp, backend, ["xz", "-T2", "-3", "-c"], "xz -T2", stdin=data)
+    check_heap(events, backend, 0)
+    back = subprocess.run(["xz", "-dc"], input=mine.stdout, capture_output=True, timeout=TIMEOUT)
+    expect(back.stdout == data, "xz round trip failed")
+
+
+PY_FORK = r"""
+import multiprocessing as mp
+big = [str(i) * (i % 13) for i in range(200000)]
+def f(i):
+    local = [bytes(i % 5000) for _ in range(50)]
+    return len(big[i]) + sum(len(x) for x in local)
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    with ctx.Pool(4) as pool:
+        print(sum(pool.map(f, range(0, 200000, 97))))
+    q = ctx.Queue()
+    ps = [ctx.Process(target=lambda q, k: q.put((k, len(big[k]))), args=(q, k)) for k in range(6)]
+    for p in ps: p.start()
+    got = sorted(q.get() for _ in ps)
+    for p in ps: p.join()
+    print(got, [p.exitcode for p in ps])
+"""
+
+
+def case_fork_python(tmp, backend):
+    events, _, _ = twice(tmp, backend, [PYTHON, "-c", PY_FORK], "python multiprocessing (fork)")
+    check_heap(events, backend, 0)
+    parent_pids = {e["pid"] for e in events if e["event"] == "init"}
+    child_calls = [e for e in events if e["pid"] not in parent_pids and e["event"] != "fork-child"]
+    expect(not child_calls, f"the driver was called in a forked child: {child_calls[:3]}")
+
+
+PY_FORK_STORM = r"""
+import os
+keep = [bytearray(i % 4096) for i in range(20000)]
+ok = 0
+for round in range(300):
+    pid = os.fork()
+    if pid == 0:
+        blocks = [bytearray(1000 + i) for i in range(200)]
+        total = sum(len(b) for b in blocks) + len(keep[round])
+        os._exit(0 if total > 0 else 3)
+    _, status = os.waitpid(pid, 0)
+    ok += os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+print("children ok:", ok)
+"""
+
+
+def case_fork_storm(tmp, backend):
+    events, _, _ = twice(tmp, backend, [PYTHON, "-c", PY_FORK_STORM], "fork storm")
+    check_heap(events, backend, 0)
+
+
+def case_thread_churn(tmp, backend):
+    events, _, _ = twice(tmp, backend, [CHURN, "4000"], "thread churn")
+    check_heap(events, backend, 0)
+    total = sum(int(e["size"]) for e in events if e["event"] == "alloc")
+    # 4000 threads, 32 alive at a time, each holding ~640 KiB: a leak per
+    # thread would need far more than a few arenas.
+    expect(total <= (1 << 30), f"thread churn took {total >> 20} MiB of driver memory")
+
+
+def case_dlopen(tmp, backend):
+    events, _, mine = twice(tmp, backend, [DLOPEN_PROBE, CTOR_LIB], "dlopen")
+    expect(b"allocated in a constructor" in mine.stdout, "constructor allocation lost")
+    check_heap(events, backend, 0)
+
+
+def one_warning(mine, needle):
+    lines = [l for l in mine.stderr.decode(errors="replace").splitlines() if l.startswith("mnemosyne:")]
+    expect(len(lines) == 1, f"expected one mnemosyne warning line, got {lines}")
+    expect(re.search(needle, lines[0]), f"warning {lines[0]!r} does not match {needle!r}")
+
+
+PY_HUNGRY = r"""
+blocks = [bytearray(4 << 20) for _ in range(150)]
+for i, b in enumerate(blocks): b[0] = i % 256
+print(sum(b[0] for b in blocks), len(blocks))
+"""
+
+
+def fault_case(tmp, backend, extra, needle, script=PY_WORKLOAD):
+    base = Run(tmp, backend, False)([PYTHON, "-c", script])
+    run = Run(tmp, backend, True, extra)
+    mine = run([PYTHON, "-c", script])
+    compare(base, mine, "fault run", stdout_only=True)
+    one_warning(mine, needle)
+    return parse_log(run.log)
+
+
+def case_fault_no_driver(tmp, backend):
+    fault_case(tmp, backend, {"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"},
+               r"unavailable.*nonexistent.*host memory")
+
+
+def case_fault_init(tmp, backend):
+    fault_case(tmp, backend, {"FAKECUDA_INIT_ERROR": "100"}, r"unavailable.*(NO_DEVICE|100)")
+
+
+def case_fault_alloc_after(tmp, backend):
+    events = fault_case(tmp, backend, {"FAKECUDA_FAIL_ALLOC_AFTER": "1"},
+                        r"could not serve.*host memory", PY_HUNGRY)
+    expect(any(e["event"] == "alloc" for e in events), "the first arena should be driver memory")
+
+
+def case_fault_cap(tmp, backend):
+    events = fault_case(tmp, backend, {"FAKECUDA_MEM_LIMIT": str(200 << 20)},
+                        r"could not serve.*host memory", PY_HUNGRY)
+    expect(any(e["event"] == "alloc" for e in events), "driver memory should be used up to the cap")
+
+
+def case_launcher(tmp, backend):
+    expect(LAUNCHER, "MNEMOSYNE_LAUNCHER not set")
+    run = Run(tmp, backend, False, {"MNEMOSYNE_CUDA_DRIVER": FAKE,
+                                    "FAKECUDA_LOG": os.path.join(tmp, "fake.log")})
+    r = run([LAUNCHER, "run", "--backend", backend, "--device", "0", "--",
+             PYTHON, "-c", "import sys; print('hello'); sys.exit(7)"])
+    expect(r.returncode == 7, f"launcher exit status {r.returncode}, expected 7: {r.stderr!r}")
+    expect(r.stdout == b"hello\n", f"launcher stdout {r.stdout!r}")
+    check_heap(parse_log(os.path.join(tmp, "fake.log")), backend, 0)
+
+
+CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
+         if name.startswith("case_")}
+
+
+def main():
+    if len(sys.argv) < 2 or sys.argv[1] not in CASES:
+        print(f"usage: {sys.argv[0]} CASE [BACKEND]; cases: {', '.join(sorted(CASES))}")
+        return 2
+    case, backend = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "unified")
+    tmp = tempfile.mkdtemp(prefix=f"mnemosyne-e2e-{case}-")
+    try:
+        CASES[case](tmp, backend)
+    except Failure as e:
+        print(f"FAIL {case} [{backend}]: {e}")
+        print(f"(files kept in {tmp})")
+        return 1
+    print(f"PASS {case} [{backend}]")
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
