@@ -32,10 +32,14 @@ class DriverCall {
   bool ok() const noexcept { return api_ != nullptr; }
   const DriverApi& api() const noexcept { return *api_; }
   CUdevice device() const noexcept { return device_; }
+  // The device ordinal whose primary context is current (device_ordinal(),
+  // frozen by the first DriverCall).
+  int ordinal() const noexcept { return ordinal_; }
 
  private:
   const DriverApi* api_ = nullptr;
   CUdevice device_ = 0;
+  int ordinal_ = 0;
   bool pushed_ = false;
   bool outer_flag_ = false;
 };

@@ -21,6 +21,8 @@ enum class DriverState : int { uninitialized = 0, initializing, ready, unavailab
 // point with cuGetProcAddress_v2 (ABI of CUDA_VERSION) when the driver has it,
 // else by dlsym of the versioned export names; calls cuInit(0).
 // Returns the entry points, or nullptr when the driver is unavailable.
+// On a thread inside a driver call (in_driver_call()) it never loads nor waits
+// for a load in progress: it returns nullptr unless the driver is ready.
 const DriverApi* driver_api() noexcept;
 
 // The current state, without triggering a load.

@@ -1,0 +1,209 @@
+// The CUDA backends: one allocate/deallocate template over zero-size
+// strategy types (the raw driver calls, the registry, the counters' id),
+// instantiated per backend. No virtual dispatch, no fallback to host memory.
+#include <atomic>
+#include <cstdint>
+
+#include "backend/backends.hpp"
+#include "backend/counters.hpp"
+#include "backend/driver_call.hpp"
+#include "backend/internal.hpp"
+#include "backend/loader.hpp"
+
+namespace mnemosyne {
+namespace {
+
+constinit AllocationRegistry g_unified_registry;
+constinit AllocationRegistry g_device_registry;
+constinit AllocationRegistry g_hbm_registry;
+constinit AllocationRegistry g_gddr_registry;
+constinit AllocationRegistry g_pinned_registry;
+
+CUdeviceptr to_device_ptr(void* p) noexcept {
+  return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+}
+
+// Managed memory: cuMemAllocManaged(ATTACH_GLOBAL) / cuMemFree_v2.
+struct ManagedCalls {
+  static CUresult raw_alloc(const DriverApi& api, std::size_t size, void** out) noexcept {
+    CUdeviceptr dptr = 0;
+    const CUresult r = api.cuMemAllocManaged(&dptr, size, CU_MEM_ATTACH_GLOBAL);
+    *out = reinterpret_cast<void*>(static_cast<std::uintptr_t>(dptr));
+    return r;
+  }
+  static CUresult raw_free(const DriverApi& api, void* ptr) noexcept {
+    return api.cuMemFree(to_device_ptr(ptr));
+  }
+};
+
+// Page-locked host memory: cuMemHostAlloc(DEVICEMAP | PORTABLE) / cuMemFreeHost.
+struct PinnedCalls {
+  static CUresult raw_alloc(const DriverApi& api, std::size_t size, void** out) noexcept {
+    return api.cuMemHostAlloc(out, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+  }
+  static CUresult raw_free(const DriverApi& api, void* ptr) noexcept {
+    return api.cuMemFreeHost(ptr);
+  }
+};
+
+// Strategy: which calls, which registry, which counters, whether to advise
+// the device as preferred location.
+template <BackendId Id, class Calls, AllocationRegistry& Registry, bool Advise>
+struct CudaOps : Calls {
+  static constexpr BackendId kId = Id;
+  static constexpr bool kAdvise = Advise;
+  static AllocationRegistry& registry() noexcept { return Registry; }
+};
+
+using UnifiedOps = CudaOps<BackendId::unified, ManagedCalls, g_unified_registry, false>;
+using DeviceOps = CudaOps<BackendId::device, ManagedCalls, g_device_registry, true>;
+using HbmOps = CudaOps<BackendId::hbm, ManagedCalls, g_hbm_registry, true>;
+using GddrOps = CudaOps<BackendId::gddr, ManagedCalls, g_gddr_registry, true>;
+using PinnedOps = CudaOps<BackendId::pinned, PinnedCalls, g_pinned_registry, false>;
+
+void count(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+
+// Best effort: a failed advice leaves the allocation valid.
+void advise_preferred_device(const DriverCall& call, void* ptr, std::size_t size,
+                             BackendCounters& c) noexcept {
+  const DriverApi& api = call.api();
+  if (api.cuMemAdvise == nullptr) {  // driver older than cuMemAdvise_v2
+    count(c.advice_failures);
+    return;
+  }
+  CUmemLocation location{};
+  location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  location.id = call.ordinal();
+  count(c.driver_calls);
+  if (api.cuMemAdvise(to_device_ptr(ptr), size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, location) !=
+      CUDA_SUCCESS) {
+    count(c.driver_failures);
+    count(c.advice_failures);
+  }
+}
+
+// driver_api() -> DriverCall -> raw alloc -> registry insert -> advice.
+// A full registry releases the fresh allocation and returns nullptr.
+template <class Ops>
+void* cuda_allocate(std::size_t size) noexcept {
+  if (size == 0 || driver_api() == nullptr) return nullptr;
+  BackendCounters& c = backend_counters(Ops::kId);
+  const std::uint64_t start = detail::monotonic_ns();
+  void* ptr = nullptr;
+  {
+    DriverCall call;
+    if (!call.ok()) {
+      count(c.driver_failures);  // the primary context could not be made current
+    } else {
+      count(c.driver_calls);
+      if (Ops::raw_alloc(call.api(), size, &ptr) != CUDA_SUCCESS || ptr == nullptr) {
+        count(c.driver_failures);
+        ptr = nullptr;
+      } else if (!Ops::registry().insert(ptr)) {
+        count(c.registry_full);
+        count(c.driver_calls);
+        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count(c.driver_failures);
+        ptr = nullptr;
+      } else if constexpr (Ops::kAdvise) {
+        advise_preferred_device(call, ptr, size, c);
+      }
+    }
+  }
+  count(c.driver_ns, detail::monotonic_ns() - start);
+  if (ptr != nullptr) {
+    count(c.allocations);
+    count(c.bytes_allocated, size);
+    count(c.bytes_live, size);
+  }
+  return ptr;
+}
+
+// Registry erase first: a pointer this backend does not own is refused
+// without any driver call.
+template <class Ops>
+bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
+  if (!Ops::registry().erase(ptr)) return false;
+  // Without a usable driver (a forked child) the block cannot be released.
+  if (driver_api() == nullptr) return false;
+  BackendCounters& c = backend_counters(Ops::kId);
+  const std::uint64_t start = detail::monotonic_ns();
+  bool released = false;
+  {
+    DriverCall call;
+    if (!call.ok()) {
+      count(c.driver_failures);
+    } else {
+      count(c.driver_calls);
+      released = Ops::raw_free(call.api(), ptr) == CUDA_SUCCESS;
+      if (!released) count(c.driver_failures);
+    }
+  }
+  count(c.driver_ns, detail::monotonic_ns() - start);
+  if (released) {
+    count(c.deallocations);
+    c.bytes_live.fetch_sub(size, std::memory_order_relaxed);
+  }
+  return released;
+}
+
+}  // namespace
+
+void* CudaUnified::allocate(std::size_t size) noexcept {
+  return cuda_allocate<UnifiedOps>(size);
+}
+bool CudaUnified::deallocate(void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<UnifiedOps>(ptr, size);
+}
+AllocationRegistry& CudaUnified::registry() noexcept {
+  return UnifiedOps::registry();
+}
+
+void* CudaDevice::allocate(std::size_t size) noexcept {
+  return cuda_allocate<DeviceOps>(size);
+}
+bool CudaDevice::deallocate(void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<DeviceOps>(ptr, size);
+}
+AllocationRegistry& CudaDevice::registry() noexcept {
+  return DeviceOps::registry();
+}
+
+void* CudaHbm::allocate(std::size_t size) noexcept {
+  return cuda_allocate<HbmOps>(size);
+}
+bool CudaHbm::deallocate(void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<HbmOps>(ptr, size);
+}
+AllocationRegistry& CudaHbm::registry() noexcept {
+  return HbmOps::registry();
+}
+
+void* CudaGddr::allocate(std::size_t size) noexcept {
+  return cuda_allocate<GddrOps>(size);
+}
+bool CudaGddr::deallocate(void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<GddrOps>(ptr, size);
+}
+AllocationRegistry& CudaGddr::registry() noexcept {
+  return GddrOps::registry();
+}
+
+void* CudaHostPinned::allocate(std::size_t size) noexcept {
+  return cuda_allocate<PinnedOps>(size);
+}
+bool CudaHostPinned::deallocate(void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<PinnedOps>(ptr, size);
+}
+AllocationRegistry& CudaHostPinned::registry() noexcept {
+  return PinnedOps::registry();
+}
+
+bool is_cuda_available() noexcept {
+  const DriverApi* api = driver_api();
+  return api != nullptr && api->cuMemAllocManaged != nullptr && api->cuMemFree != nullptr &&
+         api->cuMemHostAlloc != nullptr && api->cuMemFreeHost != nullptr;
+}
+
+}  // namespace mnemosyne

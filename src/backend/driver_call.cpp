@@ -1,0 +1,120 @@
+// The in-driver flag, the retained primary contexts, and the DriverCall scope
+// that makes one current around each driver call.
+#include "backend/driver_call.hpp"
+
+#include <time.h>
+
+#include <atomic>
+
+#include "backend/internal.hpp"
+#include "backend/loader.hpp"
+
+namespace mnemosyne {
+namespace {
+
+// Set while this thread runs a driver call made by mnemosyne (nested scopes
+// keep the outer value). Initial-exec TLS: reading it never allocates.
+__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_driver = false;
+// Set for good on threads the driver started.
+__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_driver_owned = false;
+
+// Primary contexts retained once per device ordinal, and the CUdevice each
+// belongs to (valid once the context slot is non-null).
+constexpr int kMaxDevices = 64;
+constinit std::atomic<CUcontext> g_primary[kMaxDevices] = {};
+constinit std::atomic<CUdevice> g_primary_device[kMaxDevices] = {};
+
+// Returns the retained primary context of `ordinal`, retaining it on first
+// use. Two threads may race to retain: the loser releases its extra
+// reference, so the context is retained exactly once by mnemosyne.
+CUcontext primary_context(const DriverApi& api, int ordinal, CUdevice* device) noexcept {
+  if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
+  CUcontext ctx = g_primary[ordinal].load(std::memory_order_acquire);
+  if (ctx != nullptr) {
+    *device = g_primary_device[ordinal].load(std::memory_order_relaxed);
+    return ctx;
+  }
+  CUdevice dev = 0;
+  if (api.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) return nullptr;
+  CUcontext fresh = nullptr;
+  if (api.cuDevicePrimaryCtxRetain(&fresh, dev) != CUDA_SUCCESS || fresh == nullptr) {
+    return nullptr;
+  }
+  g_primary_device[ordinal].store(dev, std::memory_order_relaxed);
+  CUcontext expected = nullptr;
+  if (!g_primary[ordinal].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
+                                                  std::memory_order_acquire)) {
+    api.cuDevicePrimaryCtxRelease(dev);  // lost the race: drop the extra reference
+    fresh = expected;
+  }
+  *device = dev;
+  return fresh;
+}
+
+}  // namespace
+
+bool in_driver_call() noexcept {
+  return t_in_driver || t_driver_owned;
+}
+
+void mark_thread_as_driver_owned() noexcept {
+  t_driver_owned = true;
+}
+
+detail::InDriverScope::InDriverScope() noexcept : outer_(t_in_driver) {
+  t_in_driver = true;
+}
+
+detail::InDriverScope::~InDriverScope() {
+  t_in_driver = outer_;
+}
+
+std::uint64_t detail::monotonic_ns() noexcept {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver) {
+  // driver_api() first: it refuses to load on a thread already flagged (the
+  // load flags itself).
+  const DriverApi* api = driver_api();
+  t_in_driver = true;
+  if (api == nullptr) return;
+  ordinal_ = detail::freeze_device_ordinal();
+  CUdevice dev = 0;
+  CUcontext ctx = primary_context(*api, ordinal_, &dev);
+  if (ctx == nullptr || api->cuCtxPushCurrent(ctx) != CUDA_SUCCESS) return;
+  pushed_ = true;
+  device_ = dev;
+  api_ = api;
+}
+
+DriverCall::~DriverCall() {
+  if (pushed_) {
+    CUcontext popped = nullptr;
+    api_->cuCtxPopCurrent(&popped);
+  }
+  t_in_driver = outer_flag_;
+}
+
+CUcontext create_temp_context(int ordinal) noexcept {
+  const DriverApi* api = driver_api();
+  if (api == nullptr || api->cuCtxCreate == nullptr) return nullptr;
+  detail::InDriverScope in_driver;
+  CUdevice dev = 0;
+  if (api->cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) return nullptr;
+  CUcontext ctx = nullptr;
+  if (api->cuCtxCreate(&ctx, nullptr, 0, dev) != CUDA_SUCCESS) return nullptr;
+  return ctx;
+}
+
+bool destroy_temp_context(CUcontext ctx) noexcept {
+  const DriverApi* api = driver_api();
+  if (api == nullptr || api->cuCtxDestroy == nullptr || ctx == nullptr) return false;
+  detail::InDriverScope in_driver;
+  return api->cuCtxDestroy(ctx) == CUDA_SUCCESS;
+}
+
+}  // namespace mnemosyne

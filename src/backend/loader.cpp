@@ -1,0 +1,303 @@
+// One-time loading of the CUDA driver: dlopen, entry points, cuInit.
+//
+// Nothing here allocates: the state lives in static storage, messages are
+// formatted with snprintf into fixed arrays. dlopen/dlsym/cuInit may call
+// malloc; they run with the thread's in-driver flag set so that an
+// interposer serves those calls without re-entering the driver.
+#include "backend/loader.hpp"
+
+#include <dlfcn.h>
+#include <sched.h>
+#include <time.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/driver_call.hpp"
+#include "backend/internal.hpp"
+
+namespace mnemosyne {
+namespace {
+
+constinit DriverApi g_api{};
+constinit DriverInfo g_info{};
+constinit std::atomic<int> g_state{static_cast<int>(DriverState::uninitialized)};
+constinit std::atomic<bool> g_forked{false};
+
+// Device ordinal in the low bits; kFrozen once the first allocation used it.
+constexpr unsigned kFrozen = 1u << 31;
+constinit std::atomic<unsigned> g_ordinal{0};
+
+// Resolves entry points by cuGetProcAddress_v2 when the driver exports it,
+// else by dlsym of the versioned export name.
+class Resolver {
+ public:
+  explicit Resolver(void* handle) noexcept : handle_(handle) {
+    getproc_ = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
+  }
+
+  // Asks the driver for its version (allowed before cuInit) and from then on
+  // requests entry points for min(CUDA_VERSION, that version). Returns it, 0
+  // when unknown.
+  int detect_driver_version() noexcept {
+    PFN_cuDriverGetVersion_v2020 get_version = nullptr;
+    resolve(&get_version, "cuDriverGetVersion", "cuDriverGetVersion", 2020, false);
+    if (get_version == nullptr) {  // the export has had one ABI since CUDA 2.2
+      get_version =
+          reinterpret_cast<PFN_cuDriverGetVersion_v2020>(dlsym(handle_, "cuDriverGetVersion"));
+    }
+    int version = 0;
+    if (get_version == nullptr || get_version(&version) != CUDA_SUCCESS || version < 0) version = 0;
+    driver_version_ = version;
+    if (version > 0 && version < request_version_) request_version_ = version;
+    return version;
+  }
+
+  // `proc_name` is the base name cuGetProcAddress expects, `export_name` the
+  // versioned export, `abi` the CUDA version that introduced the ABI the PFN
+  // type describes. Returns false (reason set) when a required one is
+  // missing; a missing optional one is left null.
+  template <class Fn>
+  bool resolve(Fn* out, const char* proc_name, const char* export_name, int abi,
+               bool required) noexcept {
+    void* fn = nullptr;
+    if (getproc_ != nullptr) {
+      // An older driver hands out the newest ABI it has for a name, which
+      // may predate the PFN type used here: such an entry counts as missing.
+      if (driver_version_ == 0 || driver_version_ >= abi) {
+        CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+        const CUresult r =
+            getproc_(proc_name, &fn, request_version_, CU_GET_PROC_ADDRESS_DEFAULT, &found);
+        if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) fn = nullptr;
+      }
+    } else {
+      fn = dlsym(handle_, export_name);
+    }
+    *out = reinterpret_cast<Fn>(fn);
+    if (fn == nullptr && required) {
+      std::snprintf(g_info.reason, sizeof g_info.reason,
+                    "the CUDA driver lacks the entry point %s (%s, driver version %d)", export_name,
+                    getproc_ != nullptr ? "cuGetProcAddress_v2" : "dlsym", driver_version_);
+      return false;
+    }
+    return true;
+  }
+
+ private:
+  void* handle_;
+  PFN_cuGetProcAddress_v12000 getproc_ = nullptr;
+  int driver_version_ = 0;              // 0: unknown, no ABI gate
+  int request_version_ = CUDA_VERSION;  // the headers' ABI, or the driver's if older
+};
+
+// Every entry point. Required: what loading and the backends need to
+// allocate and free. Optional (null when absent): the probes, test contexts,
+// advice and error names.
+bool resolve_all(Resolver& r) noexcept {
+  DriverApi& a = g_api;
+  constexpr bool req = true;
+  constexpr bool opt = false;
+  // clang-format off
+  return r.resolve(&a.cuInit, "cuInit", "cuInit", 2000, req) &&
+         r.resolve(&a.cuDriverGetVersion, "cuDriverGetVersion", "cuDriverGetVersion", 2020, req) &&
+         r.resolve(&a.cuDeviceGetCount, "cuDeviceGetCount", "cuDeviceGetCount", 2000, req) &&
+         r.resolve(&a.cuDeviceGet, "cuDeviceGet", "cuDeviceGet", 2000, req) &&
+         r.resolve(&a.cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain", 7000, req) &&
+         r.resolve(&a.cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2", 11000, req) &&
+         r.resolve(&a.cuCtxPushCurrent, "cuCtxPushCurrent", "cuCtxPushCurrent_v2", 4000, req) &&
+         r.resolve(&a.cuCtxPopCurrent, "cuCtxPopCurrent", "cuCtxPopCurrent_v2", 4000, req) &&
+         r.resolve(&a.cuMemAllocManaged, "cuMemAllocManaged", "cuMemAllocManaged", 6000, req) &&
+         r.resolve(&a.cuMemFree, "cuMemFree", "cuMemFree_v2", 3020, req) &&
+         r.resolve(&a.cuMemHostAlloc, "cuMemHostAlloc", "cuMemHostAlloc", 2020, req) &&
+         r.resolve(&a.cuMemFreeHost, "cuMemFreeHost", "cuMemFreeHost", 2000, req) &&
+         r.resolve(&a.cuMemAdvise, "cuMemAdvise", "cuMemAdvise_v2", 12020, opt) &&
+         r.resolve(&a.cuDeviceGetName, "cuDeviceGetName", "cuDeviceGetName", 2000, opt) &&
+         r.resolve(&a.cuDeviceTotalMem, "cuDeviceTotalMem", "cuDeviceTotalMem_v2", 3020, opt) &&
+         r.resolve(&a.cuDeviceGetAttribute, "cuDeviceGetAttribute", "cuDeviceGetAttribute", 2000, opt) &&
+         r.resolve(&a.cuCtxGetCurrent, "cuCtxGetCurrent", "cuCtxGetCurrent", 4000, opt) &&
+         r.resolve(&a.cuCtxCreate, "cuCtxCreate", "cuCtxCreate_v4", 12050, opt) &&
+         r.resolve(&a.cuCtxDestroy, "cuCtxDestroy", "cuCtxDestroy_v2", 4000, opt) &&
+         r.resolve(&a.cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute", 4000, opt) &&
+         r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt);
+  // clang-format on
+}
+
+void* open_driver() noexcept {
+  const char* override_path = secure_getenv("MNEMOSYNE_CUDA_DRIVER");
+  if (override_path != nullptr && override_path[0] != '\0') {
+    std::snprintf(g_info.path, sizeof g_info.path, "%s", override_path);
+    void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* err = dlerror();
+      std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load MNEMOSYNE_CUDA_DRIVER=%s: %s",
+                    override_path, err != nullptr ? err : "dlopen failed");
+    }
+    return h;
+  }
+  static constexpr const char* kNames[] = {"libcuda.so.1", "libcuda.so"};
+  for (const char* name : kNames) {
+    std::snprintf(g_info.path, sizeof g_info.path, "%s", name);
+    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return h;
+    const char* err = dlerror();
+    std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load the CUDA driver (%s): %s", name,
+                  err != nullptr ? err : "dlopen failed");
+  }
+  return nullptr;
+}
+
+// The one-time load. Returns the final state.
+DriverState load() noexcept {
+  detail::InDriverScope in_driver;
+  g_info.init_result = CUDA_ERROR_NOT_INITIALIZED;
+  void* handle = open_driver();
+  if (handle == nullptr) return DriverState::unavailable;
+  // The handle is never closed: cuInit may have started threads inside it.
+  Resolver resolver(handle);
+  g_info.version = resolver.detect_driver_version();
+  if (!resolve_all(resolver)) return DriverState::unavailable;
+
+  const CUresult init = g_api.cuInit(0);
+  g_info.init_result = init;
+  if (init != CUDA_SUCCESS) {
+    std::snprintf(g_info.reason, sizeof g_info.reason, "cuInit(0) failed: %s (%d)",
+                  cu_result_name(init), static_cast<int>(init));
+    return DriverState::unavailable;
+  }
+  int count = 0;
+  if (g_api.cuDeviceGetCount(&count) == CUDA_SUCCESS) g_info.device_count = count;
+  g_info.reason[0] = '\0';
+  return DriverState::ready;
+}
+
+void wait_while_initializing() noexcept {
+  for (unsigned spins = 0;
+       g_state.load(std::memory_order_acquire) == static_cast<int>(DriverState::initializing);
+       ++spins) {
+    if (spins < 64) {
+      sched_yield();
+    } else {
+      struct timespec ts = {0, 200 * 1000};  // 200 us: cuInit takes 0.1 s or more
+      nanosleep(&ts, nullptr);
+    }
+  }
+}
+
+const DriverApi* driver_api_slow() noexcept {
+  // Re-entered from inside the load itself, or called on a thread that is
+  // inside the driver (or owned by it): waiting there for the load could wait
+  // on a lock that thread holds. Such callers never load nor wait.
+  if (in_driver_call()) return nullptr;
+  int expected = static_cast<int>(DriverState::uninitialized);
+  if (g_state.compare_exchange_strong(expected, static_cast<int>(DriverState::initializing),
+                                      std::memory_order_acq_rel, std::memory_order_acquire)) {
+    const DriverState result = load();  // flags the thread as in the driver
+    g_state.store(static_cast<int>(result), std::memory_order_release);
+  } else {
+    wait_while_initializing();
+  }
+  if (g_forked.load(std::memory_order_acquire)) return nullptr;
+  return g_state.load(std::memory_order_acquire) == static_cast<int>(DriverState::ready) ? &g_api
+                                                                                         : nullptr;
+}
+
+}  // namespace
+
+const DriverApi* driver_api() noexcept {
+  if (g_forked.load(std::memory_order_acquire)) return nullptr;
+  const int s = g_state.load(std::memory_order_acquire);
+  if (s == static_cast<int>(DriverState::ready)) return &g_api;
+  if (s == static_cast<int>(DriverState::unavailable)) return nullptr;
+  return driver_api_slow();
+}
+
+DriverState driver_state() noexcept {
+  if (g_forked.load(std::memory_order_acquire)) return DriverState::unavailable;
+  return static_cast<DriverState>(g_state.load(std::memory_order_acquire));
+}
+
+const DriverInfo& driver_info() noexcept {
+  return g_info;
+}
+
+void set_device_ordinal(int ordinal) noexcept {
+  if (ordinal < 0) return;
+  unsigned cur = g_ordinal.load(std::memory_order_relaxed);
+  while ((cur & kFrozen) == 0 &&
+         !g_ordinal.compare_exchange_weak(cur, static_cast<unsigned>(ordinal),
+                                          std::memory_order_relaxed)) {
+  }
+}
+
+int device_ordinal() noexcept {
+  return static_cast<int>(g_ordinal.load(std::memory_order_relaxed) & ~kFrozen);
+}
+
+int detail::freeze_device_ordinal() noexcept {
+  return static_cast<int>(g_ordinal.fetch_or(kFrozen, std::memory_order_relaxed) & ~kFrozen);
+}
+
+void driver_mark_forked_child() noexcept {
+  g_forked.store(true, std::memory_order_release);
+}
+
+const char* cu_result_name(CUresult result) noexcept {
+#define MNEMOSYNE_CU_NAME(n) \
+  case n:                    \
+    return #n;
+  switch (result) {
+    MNEMOSYNE_CU_NAME(CUDA_SUCCESS)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_INVALID_VALUE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_OUT_OF_MEMORY)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_INITIALIZED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_DEINITIALIZED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_STUB_LIBRARY)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_DEVICE_UNAVAILABLE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NO_DEVICE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_INVALID_DEVICE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_DEVICE_NOT_LICENSED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_INVALID_CONTEXT)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_CONTEXT_ALREADY_CURRENT)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_MAP_FAILED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_UNMAP_FAILED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_ECC_UNCORRECTABLE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_CONTEXT_ALREADY_IN_USE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_FILE_NOT_FOUND)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_OPERATING_SYSTEM)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_INVALID_HANDLE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_ILLEGAL_STATE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_FOUND)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_READY)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_ILLEGAL_ADDRESS)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_CONTEXT_IS_DESTROYED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_LAUNCH_FAILED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_PERMITTED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_SUPPORTED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_SYSTEM_NOT_READY)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_MPS_CONNECTION_FAILED)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_TIMEOUT)
+    MNEMOSYNE_CU_NAME(CUDA_ERROR_UNKNOWN)
+    default:
+      break;
+  }
+#undef MNEMOSYNE_CU_NAME
+  // Rarer codes: ask the driver when it is loaded and usable here.
+  if (!g_forked.load(std::memory_order_acquire) &&
+      g_state.load(std::memory_order_acquire) == static_cast<int>(DriverState::ready) &&
+      g_api.cuGetErrorName != nullptr) {
+    const char* name = nullptr;
+    if (g_api.cuGetErrorName(result, &name) == CUDA_SUCCESS && name != nullptr) return name;
+  }
+  return "CUDA_ERROR_UNRECOGNIZED";
+}
+
+}  // namespace mnemosyne

@@ -1,0 +1,117 @@
+// Shared internals of the fake CUDA driver. Everything here has hidden
+// visibility (the library is built with -fvisibility=hidden); only the cu*
+// entry points and the fakecuda_* control functions are exported.
+#pragma once
+
+// The driver's entry points must be exported: give every declaration cuda.h
+// makes default visibility, so the definitions inherit it.
+#pragma GCC visibility push(default)
+#include <cuda.h>
+#pragma GCC visibility pop
+
+#include <pthread.h>
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "fakecuda.h"
+
+#define FAKECUDA_API extern "C" __attribute__((visibility("default")))
+
+namespace fakecuda {
+
+inline constexpr int kDriverVersion = 13000;
+inline constexpr int kMaxDevices = 64;
+inline constexpr int kCtxStackDepth = 16;
+inline constexpr std::uint64_t kCtxMagic = 0x6d6e656d6f437478ull;  // "mnemoCtx"
+inline constexpr std::uint64_t kCtxDeadMagic = 0x64656164436f6e74ull;
+inline constexpr std::size_t kMiB = std::size_t{1} << 20;
+inline constexpr std::size_t kGiB = std::size_t{1} << 30;
+
+struct Counters {
+  std::atomic<std::uint64_t> init_calls{0};
+  std::atomic<std::uint64_t> alloc_managed{0};
+  std::atomic<std::uint64_t> alloc_host{0};
+  std::atomic<std::uint64_t> free_managed{0};
+  std::atomic<std::uint64_t> free_host{0};
+  std::atomic<std::uint64_t> advise_calls{0};
+  std::atomic<std::int64_t> advise_last_device{-1};
+  std::atomic<std::uint64_t> legacy_free_calls{0};
+  std::atomic<std::uint64_t> live_bytes{0};
+  std::atomic<std::uint64_t> failed_calls{0};
+  std::atomic<std::uint64_t> invalid_context_calls{0};
+  std::atomic<std::uint64_t> thread_allocs{0};
+  std::atomic<std::uint64_t> total_calls{0};
+  std::atomic<std::uint64_t> legacy_calls{0};
+  std::atomic<std::uint64_t> ctx_freed_blocks{0};
+  std::atomic<std::int64_t> advise_last_advice{-1};
+  std::atomic<std::int64_t> advise_last_loc_type{-1};
+  std::atomic<std::uint64_t> thread_finished{0};
+};
+extern Counters g_counters;
+
+// Configuration read from the environment by the first successful cuInit
+// (and by every failing one before it). Stable once g_initialized is set.
+struct Config {
+  int devices = 2;
+  int pageable = 0;
+  int concurrent_managed = 1;
+  std::size_t thread_alloc_max = 32 * kMiB;
+  int thread_iters = 30;
+};
+extern Config g_config;
+
+// Fault injection, adjustable at run time.
+extern std::atomic<long> g_fail_alloc_after;         // -1: off
+extern std::atomic<long> g_alloc_seen;               // allocation calls since the limit was set
+extern std::atomic<unsigned long long> g_mem_limit;  // 0: off
+extern std::atomic<int> g_advise_error;              // 0: off
+
+extern std::atomic<bool> g_initialized;
+extern std::atomic<bool> g_forked;
+
+// A context. Handles given out are pointers to these; a handle is only
+// dereferenced after it was found in the registry of live contexts.
+struct Ctx {
+  std::uint64_t magic;
+  int device;
+  unsigned flags;
+  bool primary;
+  int refcount;  // primary contexts: retain count; active while > 0
+  Ctx* next;     // registry of live contexts
+};
+
+// The driver's internal mutex (error-checking: a thread that re-enters the
+// driver while holding it aborts with a message instead of hanging).
+void lock(const char* call) noexcept;
+void unlock() noexcept;
+
+// Appends "<pid> <formatted>\n" to FAKECUDA_LOG with one write(2). No malloc.
+void log_line(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
+
+// Counts and logs a failing call; returns rc.
+CUresult fail(const char* call, CUresult rc) noexcept;
+// Counts a call; CUDA_ERROR_NOT_INITIALIZED (counted and logged) in a forked
+// child or before a successful cuInit, else CUDA_SUCCESS.
+CUresult enter(const char* call) noexcept;
+// Like enter() but without the cuInit requirement.
+CUresult enter_no_init(const char* call) noexcept;
+// Counts and logs a call of a legacy (unversioned) export.
+void note_legacy_call(const char* name) noexcept;
+
+bool valid_device(CUdevice dev) noexcept;
+
+// Contexts (fakecuda_context.cpp).
+// Creates the primary contexts of the configured devices; lock held. Mallocs.
+bool contexts_init(int devices) noexcept;
+// The calling thread's current context, or nullptr.
+Ctx* current_ctx() noexcept;
+// Lock held: ctx is a live registered handle / and is usable for allocations.
+bool ctx_valid(const Ctx* ctx) noexcept;
+bool ctx_usable(const Ctx* ctx) noexcept;
+
+// Memory (fakecuda_memory.cpp). Lock held: frees every block of ctx.
+void free_ctx_blocks(const Ctx* ctx) noexcept;
+
+}  // namespace fakecuda

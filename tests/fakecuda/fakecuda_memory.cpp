@@ -1,0 +1,404 @@
+// Fake CUDA driver: managed and pinned memory, advice, pointer attributes.
+// Blocks are anonymous mappings marked MADV_DONTFORK; each live block has a
+// malloc'd record in an address-sorted, realloc'd index. The allocation calls
+// call malloc/realloc/free while holding the driver lock, as the real one does.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fakecuda_internal.h"
+
+namespace fakecuda {
+
+namespace {
+
+enum Kind : int { kManaged = 1, kHost = 2 };
+
+struct Block {
+  std::uintptr_t addr;
+  std::size_t size;     // as requested
+  std::size_t map_len;  // mapped, page rounded
+  int kind;
+  unsigned flags;
+  int device;
+  const Ctx* ctx;
+  int advice_count;
+  int last_advice;
+  int last_loc_type;
+  int last_loc_id;
+};
+
+// All g_lock.
+Block** g_blocks = nullptr;
+std::size_t g_nblocks = 0;
+std::size_t g_cap = 0;
+
+constexpr std::size_t kManagedAlign = 2 * kMiB;
+constexpr std::size_t kAvoidAlign = 32 * kMiB;
+constexpr std::size_t kMaxAlloc = std::size_t{1} << 46;
+
+const char* kind_name(int kind) {
+  return kind == kManaged ? "managed" : "host";
+}
+
+std::size_t page_size() noexcept {
+  return std::size_t(sysconf(_SC_PAGESIZE));
+}
+
+std::size_t round_up(std::size_t v, std::size_t a) noexcept {
+  return (v + a - 1) / a * a;
+}
+
+// Index of the last block whose start is <= p, or -1.
+long index_le(std::uintptr_t p) noexcept {
+  long lo = 0;
+  long hi = long(g_nblocks) - 1;
+  long found = -1;
+  while (lo <= hi) {
+    long mid = lo + (hi - lo) / 2;
+    if (g_blocks[mid]->addr <= p) {
+      found = mid;
+      lo = mid + 1;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return found;
+}
+
+Block* containing(std::uintptr_t p) noexcept {
+  long i = index_le(p);
+  if (i < 0) return nullptr;
+  Block* b = g_blocks[i];
+  return p - b->addr < b->size ? b : nullptr;
+}
+
+long index_of_start(std::uintptr_t p, int kind) noexcept {
+  long i = index_le(p);
+  if (i < 0 || g_blocks[i]->addr != p || g_blocks[i]->kind != kind) return -1;
+  return i;
+}
+
+bool index_insert(Block* b) noexcept {
+  if (g_nblocks == g_cap) {
+    std::size_t cap = g_cap == 0 ? 16 : g_cap * 2;
+    auto* n = static_cast<Block**>(realloc(g_blocks, cap * sizeof(Block*)));
+    if (n == nullptr) return false;
+    g_blocks = n;
+    g_cap = cap;
+  }
+  std::size_t pos = std::size_t(index_le(b->addr) + 1);
+  memmove(&g_blocks[pos + 1], &g_blocks[pos], (g_nblocks - pos) * sizeof(Block*));
+  g_blocks[pos] = b;
+  ++g_nblocks;
+  return true;
+}
+
+void index_remove(std::size_t i) noexcept {
+  memmove(&g_blocks[i], &g_blocks[i + 1], (g_nblocks - i - 1) * sizeof(Block*));
+  --g_nblocks;
+}
+
+// The fault-injection gates every allocation call passes.
+CUresult admit(std::size_t size) noexcept {
+  long seen = g_alloc_seen.fetch_add(1) + 1;
+  long after = g_fail_alloc_after.load();
+  if (after >= 0 && seen > after) return CUDA_ERROR_OUT_OF_MEMORY;
+  unsigned long long limit = g_mem_limit.load();
+  if (limit != 0 && g_counters.live_bytes.load() + size > limit) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (size > kMaxAlloc) return CUDA_ERROR_OUT_OF_MEMORY;
+  return CUDA_SUCCESS;
+}
+
+// Maps len bytes at a 2 MiB aligned address that is not 32 MiB aligned.
+void* map_managed(std::size_t len) noexcept {
+  const std::size_t reserve = len + 2 * kManagedAlign;
+  void* m = mmap(nullptr, reserve, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  std::uintptr_t a = round_up(base, kManagedAlign);
+  if (a % kAvoidAlign == 0) a += kManagedAlign;
+  if (a > base) munmap(m, a - base);
+  const std::uintptr_t end = base + reserve;
+  if (a + len < end) munmap(reinterpret_cast<void*>(a + len), end - (a + len));
+  return reinterpret_cast<void*>(a);
+}
+
+void* map_host(std::size_t len) noexcept {
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? nullptr : m;
+}
+
+// Lock held. Allocates a block of the given kind for the current context.
+CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, void** out) noexcept {
+  if (CUresult rc = admit(size); rc != CUDA_SUCCESS) return rc;
+  const std::size_t len = round_up(size, page_size());
+  void* p = kind == kManaged ? map_managed(len) : map_host(len);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  // A forked child must not inherit the driver's memory, as with the real
+  // driver's pinned and managed memory.
+  if (madvise(p, len, MADV_DONTFORK) != 0) {
+    munmap(p, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  auto* b = static_cast<Block*>(malloc(sizeof(Block)));
+  if (b == nullptr) {
+    munmap(p, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  *b = Block{
+      reinterpret_cast<std::uintptr_t>(p), size, len, kind, flags, ctx->device, ctx, 0, -1, -1, -1};
+  if (!index_insert(b)) {
+    free(b);
+    munmap(p, len);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  g_counters.live_bytes.fetch_add(size);
+  *out = p;
+  return CUDA_SUCCESS;
+}
+
+// Lock held. Unmaps and forgets block i.
+void release(std::size_t i) noexcept {
+  Block* b = g_blocks[i];
+  index_remove(i);
+  munmap(reinterpret_cast<void*>(b->addr), b->map_len);
+  g_counters.live_bytes.fetch_sub(b->size);
+  free(b);
+}
+
+// Lock held: the current context when it can allocate, else nullptr.
+const Ctx* usable_current() noexcept {
+  const Ctx* c = current_ctx();
+  return ctx_usable(c) ? c : nullptr;
+}
+
+}  // namespace
+
+void free_ctx_blocks(const Ctx* ctx) noexcept {
+  for (std::size_t i = g_nblocks; i-- > 0;) {
+    Block* b = g_blocks[i];
+    if (b->ctx != ctx) continue;
+    log_line("ctx-free kind=%s ptr=0x%llx size=%zu", kind_name(b->kind),
+             static_cast<unsigned long long>(b->addr), b->size);
+    g_counters.ctx_freed_blocks.fetch_add(1);
+    release(i);
+  }
+}
+
+}  // namespace fakecuda
+
+using namespace fakecuda;
+
+FAKECUDA_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  static const char kCall[] = "cuMemAllocManaged";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Ctx* ctx = usable_current();
+  void* p = nullptr;
+  if (ctx == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (dptr == nullptr || bytesize == 0 ||
+             (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    rc = allocate(kManaged, bytesize, flags, ctx, &p);
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.alloc_managed.fetch_add(1);
+  log_line("alloc kind=managed ptr=0x%llx size=%zu flags=%u dev=%d rc=0",
+           static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize, flags,
+           ctx->device);
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
+  static const char kCall[] = "cuMemHostAlloc";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  constexpr unsigned kKnown =
+      CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Ctx* ctx = usable_current();
+  void* p = nullptr;
+  if (ctx == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (pp == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    rc = allocate(kHost, bytesize, Flags, ctx, &p);
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.alloc_host.fetch_add(1);
+  log_line("alloc kind=host ptr=0x%llx size=%zu flags=%u dev=%d rc=0",
+           static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize, Flags,
+           ctx->device);
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+CUresult free_block(const char* call, std::uintptr_t p, int kind) noexcept {
+  if (CUresult rc = enter(call); rc != CUDA_SUCCESS) return rc;
+  lock(call);
+  CUresult rc = CUDA_SUCCESS;
+  std::size_t size = 0;
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (long i = index_of_start(p, kind); i < 0) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    size = g_blocks[i]->size;
+    release(std::size_t(i));
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(call, rc);
+  (kind == kManaged ? g_counters.free_managed : g_counters.free_host).fetch_add(1);
+  log_line("free kind=%s ptr=0x%llx size=%zu rc=0", kind_name(kind),
+           static_cast<unsigned long long>(p), size);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FAKECUDA_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  return free_block("cuMemFree_v2", std::uintptr_t(dptr), kManaged);
+}
+
+FAKECUDA_API CUresult cuMemFreeHost(void* p) {
+  return free_block("cuMemFreeHost", reinterpret_cast<std::uintptr_t>(p), kHost);
+}
+
+FAKECUDA_API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,
+                                     CUmemLocation location) {
+  static const char kCall[] = "cuMemAdvise_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  g_counters.advise_calls.fetch_add(1);
+  const auto p = std::uintptr_t(devPtr);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  bool recorded = false;
+  Block* b = nullptr;
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (b = containing(p); b == nullptr || b->kind != kManaged || count == 0 ||
+                                count > b->map_len - (p - b->addr)) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    // Only these advices use the location; the others ignore it.
+    const bool uses_location = advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION ||
+                               advice == CU_MEM_ADVISE_SET_ACCESSED_BY ||
+                               advice == CU_MEM_ADVISE_UNSET_ACCESSED_BY;
+    if (uses_location) {
+      switch (location.type) {
+        case CU_MEM_LOCATION_TYPE_DEVICE:
+          if (!valid_device(location.id)) rc = CUDA_ERROR_INVALID_DEVICE;
+          break;
+        case CU_MEM_LOCATION_TYPE_HOST:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+        case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+          break;
+        default:
+          rc = CUDA_ERROR_INVALID_VALUE;
+          break;
+      }
+    }
+    if (rc == CUDA_SUCCESS) {
+      recorded = true;
+      ++b->advice_count;
+      b->last_advice = int(advice);
+      b->last_loc_type = int(location.type);
+      b->last_loc_id = location.id;
+      g_counters.advise_last_device.store(location.type == CU_MEM_LOCATION_TYPE_DEVICE ? location.id
+                                                                                       : -1);
+      g_counters.advise_last_advice.store(int(advice));
+      g_counters.advise_last_loc_type.store(int(location.type));
+      rc = static_cast<CUresult>(g_advise_error.load());
+    }
+  }
+  unlock();
+  if (recorded) {
+    log_line("advise ptr=0x%llx size=%zu advice=%d loc_type=%d loc_id=%d rc=%d",
+             static_cast<unsigned long long>(p), count, int(advice), int(location.type),
+             location.id, int(rc));
+  }
+  return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
+}
+
+FAKECUDA_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attribute,
+                                            CUdeviceptr ptr) {
+  static const char kCall[] = "cuPointerGetAttribute";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (data == nullptr) return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Block* b = containing(std::uintptr_t(ptr));
+  if (b == nullptr) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    switch (attribute) {
+      case CU_POINTER_ATTRIBUTE_IS_MANAGED:
+        *static_cast<unsigned int*>(data) = b->kind == kManaged ? 1u : 0u;
+        break;
+      case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
+        *static_cast<unsigned int*>(data) =
+            b->kind == kManaged ? unsigned(CU_MEMORYTYPE_DEVICE) : unsigned(CU_MEMORYTYPE_HOST);
+        break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
+        *static_cast<int*>(data) = b->device;
+        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR:
+        *static_cast<CUdeviceptr*>(data) = CUdeviceptr(b->addr);
+        break;
+      case CU_POINTER_ATTRIBUTE_RANGE_SIZE:
+        *static_cast<size_t*>(data) = b->size;
+        break;
+      case CU_POINTER_ATTRIBUTE_CONTEXT:
+        *static_cast<CUcontext*>(data) = reinterpret_cast<CUcontext>(const_cast<Ctx*>(b->ctx));
+        break;
+      case CU_POINTER_ATTRIBUTE_DEVICE_POINTER:
+        *static_cast<CUdeviceptr*>(data) = ptr;
+        break;
+      case CU_POINTER_ATTRIBUTE_HOST_POINTER:
+        *static_cast<void**>(data) = reinterpret_cast<void*>(std::uintptr_t(ptr));
+        break;
+      default:
+        rc = CUDA_ERROR_INVALID_VALUE;
+        break;
+    }
+  }
+  unlock();
+  return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
+}
+
+FAKECUDA_API int fakecuda_owns(const void* p) {
+  if (g_forked.load(std::memory_order_acquire)) return 0;
+  lock("fakecuda_owns");
+  const Block* b = containing(reinterpret_cast<std::uintptr_t>(p));
+  int kind = b == nullptr ? 0 : b->kind;
+  unlock();
+  return kind;
+}
+
+FAKECUDA_API int fakecuda_get_advice(const void* p, struct fakecuda_advice* out) {
+  if (out == nullptr || g_forked.load(std::memory_order_acquire)) return 0;
+  lock("fakecuda_get_advice");
+  const Block* b = containing(reinterpret_cast<std::uintptr_t>(p));
+  int found = 0;
+  if (b != nullptr && b->kind == kManaged && b->advice_count > 0) {
+    *out = fakecuda_advice{b->advice_count, b->last_advice, b->last_loc_type, b->last_loc_id};
+    found = 1;
+  }
+  unlock();
+  return found;
+}

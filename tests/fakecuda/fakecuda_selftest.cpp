@@ -1,0 +1,839 @@
+// Self-test of the fake CUDA driver. Usage:
+//   fakecuda_selftest <libfakecuda.so> <libfakecuda-noproc.so>
+// It dlopens the libraries as the product does (never links them) and checks
+// the behaviour documented in README.md. It re-executes itself with
+// "--env-faults <lib>" and "--env-nodev <lib>" to check the settings that are
+// read from the environment at cuInit in a fresh process.
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "fakecuda.h"
+
+namespace {
+
+int g_failures = 0;
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++g_failures;                                                            \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_RC(expr, expected)                                                              \
+  do {                                                                                        \
+    const int rc_ = static_cast<int>(expr);                                                   \
+    if (rc_ != static_cast<int>(expected)) {                                                  \
+      fprintf(stderr, "%s:%d: %s returned %d, expected %d\n", __FILE__, __LINE__, #expr, rc_, \
+              static_cast<int>(expected));                                                    \
+      ++g_failures;                                                                           \
+    }                                                                                         \
+  } while (0)
+
+constexpr size_t kMiB = size_t{1} << 20;
+
+// The entry points, resolved by their versioned export names.
+struct Api {
+  void* handle = nullptr;
+  PFN_cuInit_v2000 cuInit = nullptr;
+  PFN_cuDriverGetVersion_v2020 cuDriverGetVersion = nullptr;
+  PFN_cuGetProcAddress_v12000 cuGetProcAddress = nullptr;
+  PFN_cuGetProcAddress_v11030 cuGetProcAddressLegacy = nullptr;
+  PFN_cuDeviceGetCount_v2000 cuDeviceGetCount = nullptr;
+  PFN_cuDeviceGet_v2000 cuDeviceGet = nullptr;
+  PFN_cuDeviceGetName_v2000 cuDeviceGetName = nullptr;
+  PFN_cuDeviceTotalMem_v3020 cuDeviceTotalMem = nullptr;
+  PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute = nullptr;
+  PFN_cuDevicePrimaryCtxRetain_v7000 cuDevicePrimaryCtxRetain = nullptr;
+  PFN_cuDevicePrimaryCtxRelease_v11000 cuDevicePrimaryCtxRelease = nullptr;
+  PFN_cuCtxPushCurrent_v4000 cuCtxPushCurrent = nullptr;
+  PFN_cuCtxPopCurrent_v4000 cuCtxPopCurrent = nullptr;
+  PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent = nullptr;
+  PFN_cuCtxSetCurrent_v4000 cuCtxSetCurrent = nullptr;
+  PFN_cuCtxCreate_v12050 cuCtxCreate = nullptr;
+  PFN_cuCtxDestroy_v4000 cuCtxDestroy = nullptr;
+  PFN_cuMemAllocManaged_v6000 cuMemAllocManaged = nullptr;
+  PFN_cuMemFree_v3020 cuMemFree = nullptr;
+  CUresult (*cuMemFreeLegacy)(unsigned int) = nullptr;  // the CUDA 2.0 ABI
+  PFN_cuMemAdvise_v12020 cuMemAdvise = nullptr;
+  PFN_cuMemHostAlloc_v2020 cuMemHostAlloc = nullptr;
+  PFN_cuMemFreeHost_v2000 cuMemFreeHost = nullptr;
+  PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute = nullptr;
+  PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
+  PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
+  fakecuda_set_fail_alloc_after_fn set_fail_alloc_after = nullptr;
+  fakecuda_set_mem_limit_fn set_mem_limit = nullptr;
+  fakecuda_set_advise_error_fn set_advise_error = nullptr;
+  fakecuda_reset_counters_fn reset_counters = nullptr;
+  fakecuda_get_counters_fn get_counters = nullptr;
+  fakecuda_owns_fn owns = nullptr;
+  fakecuda_get_advice_fn get_advice = nullptr;
+
+  fakecuda_counters counters() const {
+    fakecuda_counters c{};
+    get_counters(&c);
+    return c;
+  }
+};
+
+template <class F>
+void resolve(void* h, const char* name, F* out, bool required = true) {
+  *out = reinterpret_cast<F>(dlsym(h, name));
+  if (required && *out == nullptr) {
+    fprintf(stderr, "missing export %s\n", name);
+    ++g_failures;
+  }
+}
+
+bool open_api(const char* path, Api* api, bool with_proc_address) {
+  api->handle = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (api->handle == nullptr) {
+    fprintf(stderr, "dlopen(%s): %s\n", path, dlerror());
+    return false;
+  }
+  void* h = api->handle;
+  resolve(h, "cuInit", &api->cuInit);
+  resolve(h, "cuDriverGetVersion", &api->cuDriverGetVersion);
+  resolve(h, "cuGetProcAddress_v2", &api->cuGetProcAddress, with_proc_address);
+  resolve(h, "cuGetProcAddress", &api->cuGetProcAddressLegacy, with_proc_address);
+  resolve(h, "cuDeviceGetCount", &api->cuDeviceGetCount);
+  resolve(h, "cuDeviceGet", &api->cuDeviceGet);
+  resolve(h, "cuDeviceGetName", &api->cuDeviceGetName);
+  resolve(h, "cuDeviceTotalMem_v2", &api->cuDeviceTotalMem);
+  resolve(h, "cuDeviceGetAttribute", &api->cuDeviceGetAttribute);
+  resolve(h, "cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
+  resolve(h, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease);
+  resolve(h, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent);
+  resolve(h, "cuCtxPopCurrent_v2", &api->cuCtxPopCurrent);
+  resolve(h, "cuCtxGetCurrent", &api->cuCtxGetCurrent);
+  resolve(h, "cuCtxSetCurrent", &api->cuCtxSetCurrent);
+  resolve(h, "cuCtxCreate_v4", &api->cuCtxCreate);
+  resolve(h, "cuCtxDestroy_v2", &api->cuCtxDestroy);
+  resolve(h, "cuMemAllocManaged", &api->cuMemAllocManaged);
+  resolve(h, "cuMemFree_v2", &api->cuMemFree);
+  resolve(h, "cuMemFree", &api->cuMemFreeLegacy);
+  resolve(h, "cuMemAdvise_v2", &api->cuMemAdvise);
+  resolve(h, "cuMemHostAlloc", &api->cuMemHostAlloc);
+  resolve(h, "cuMemFreeHost", &api->cuMemFreeHost);
+  resolve(h, "cuPointerGetAttribute", &api->cuPointerGetAttribute);
+  resolve(h, "cuGetErrorName", &api->cuGetErrorName);
+  resolve(h, "cuGetErrorString", &api->cuGetErrorString);
+  resolve(h, "fakecuda_set_fail_alloc_after", &api->set_fail_alloc_after);
+  resolve(h, "fakecuda_set_mem_limit", &api->set_mem_limit);
+  resolve(h, "fakecuda_set_advise_error", &api->set_advise_error);
+  resolve(h, "fakecuda_reset_counters", &api->reset_counters);
+  resolve(h, "fakecuda_get_counters", &api->get_counters);
+  resolve(h, "fakecuda_owns", &api->owns);
+  resolve(h, "fakecuda_get_advice", &api->get_advice);
+  return g_failures == 0;
+}
+
+double now_ms() {
+  timespec ts{};
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
+}
+
+std::string read_file(const char* path) {
+  std::string s;
+  FILE* f = fopen(path, "r");
+  if (f == nullptr) return s;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, f)) > 0) s.append(buf, n);
+  fclose(f);
+  return s;
+}
+
+bool contains(const std::string& s, const std::string& what) {
+  return s.find(what) != std::string::npos;
+}
+
+CUmemLocation device_location(int id) {
+  CUmemLocation loc{};
+  loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  loc.id = id;
+  return loc;
+}
+
+// ------------------------------------------------------------------ checks
+
+void check_before_init(Api& a) {
+  int v = 0;
+  CHECK_RC(a.cuDriverGetVersion(&v), CUDA_SUCCESS);
+  CHECK(v == 13000);
+  int n = -1;
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+  CUcontext ctx = nullptr;
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_ERROR_NOT_INITIALIZED);
+  CUdeviceptr p = 0;
+  CHECK_RC(a.cuMemAllocManaged(&p, 4096, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_NOT_INITIALIZED);
+  CHECK_RC(a.cuCtxGetCurrent(&ctx), CUDA_ERROR_NOT_INITIALIZED);
+  const char* name = nullptr;
+  CHECK_RC(a.cuGetErrorName(CUDA_ERROR_OUT_OF_MEMORY, &name), CUDA_SUCCESS);
+  CHECK(name != nullptr && strcmp(name, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
+  void* fn = nullptr;
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  CHECK_RC(a.cuGetProcAddress("cuInit", &fn, CUDA_VERSION, 0, &st), CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(a.cuInit) && st == CU_GET_PROC_ADDRESS_SUCCESS);
+  CHECK(a.counters().failed_calls >= 4);
+
+  // Injected cuInit failure, then a good one.
+  setenv("FAKECUDA_INIT_ERROR", "100", 1);
+  CHECK_RC(a.cuInit(0), CUDA_ERROR_NO_DEVICE);
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_ERROR_NOT_INITIALIZED);
+  unsetenv("FAKECUDA_INIT_ERROR");
+  CHECK_RC(a.cuInit(1), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuInit(0), CUDA_SUCCESS);
+  CHECK_RC(a.cuInit(0), CUDA_SUCCESS);
+  CHECK(a.counters().init_calls == 4);
+}
+
+void check_proc_address(Api& a) {
+  struct Case {
+    const char* base;
+    const char* versioned;
+  };
+  const Case cases[] = {
+      {"cuMemFree", "cuMemFree_v2"},
+      {"cuMemAdvise", "cuMemAdvise_v2"},
+      {"cuCtxCreate", "cuCtxCreate_v4"},
+      {"cuCtxDestroy", "cuCtxDestroy_v2"},
+      {"cuCtxPushCurrent", "cuCtxPushCurrent_v2"},
+      {"cuCtxPopCurrent", "cuCtxPopCurrent_v2"},
+      {"cuDevicePrimaryCtxRelease", "cuDevicePrimaryCtxRelease_v2"},
+      {"cuDeviceTotalMem", "cuDeviceTotalMem_v2"},
+      {"cuGetProcAddress", "cuGetProcAddress_v2"},
+      {"cuMemAllocManaged", "cuMemAllocManaged"},
+      {"cuMemHostAlloc", "cuMemHostAlloc"},
+      {"cuMemFreeHost", "cuMemFreeHost"},
+      {"cuPointerGetAttribute", "cuPointerGetAttribute"},
+      {"cuDevicePrimaryCtxRetain", "cuDevicePrimaryCtxRetain"},
+      {"cuCtxGetCurrent", "cuCtxGetCurrent"},
+      {"cuCtxSetCurrent", "cuCtxSetCurrent"},
+      {"cuDeviceGetAttribute", "cuDeviceGetAttribute"},
+      {"cuGetErrorName", "cuGetErrorName"},
+  };
+  for (const Case& c : cases) {
+    void* fn = nullptr;
+    CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    CHECK_RC(a.cuGetProcAddress(c.base, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+             CUDA_SUCCESS);
+    if (fn != dlsym(a.handle, c.versioned)) {
+      fprintf(stderr, "cuGetProcAddress(%s) is not %s\n", c.base, c.versioned);
+      ++g_failures;
+    }
+    CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS);
+  }
+  void* fn = reinterpret_cast<void*>(1);
+  CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
+  CHECK_RC(a.cuGetProcAddress("cuNoSuchFunction", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK(fn == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  // Versioned names are not base names.
+  CHECK_RC(a.cuGetProcAddress("cuMemFree_v2", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  // Too old a version for the symbol; an old version gets the old ABI.
+  CHECK_RC(a.cuGetProcAddress("cuMemAllocManaged", &fn, 5000, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, 3010, 0, &st), CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(a.cuMemFreeLegacy));
+  // Newer than the driver.
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION + 10, 0, &st),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", nullptr, CUDA_VERSION, 0, &st),
+           CUDA_ERROR_INVALID_VALUE);
+  // The status argument is optional; the 11.3 form works too.
+  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, CUDA_VERSION, 0, nullptr), CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(a.cuMemAdvise));
+  CHECK_RC(a.cuGetProcAddressLegacy("cuCtxCreate", &fn, CUDA_VERSION, 0), CUDA_SUCCESS);
+  CHECK(fn == reinterpret_cast<void*>(a.cuCtxCreate));
+  // FAKECUDA_MISSING hides base names.
+  setenv("FAKECUDA_MISSING", "cuFoo,cuMemAdvise,cuBar", 1);
+  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK(fn == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemAdviseX", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION, 0, &st), CUDA_SUCCESS);
+  unsetenv("FAKECUDA_MISSING");
+}
+
+void check_devices(Api& a) {
+  int n = -1;
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_SUCCESS);
+  CHECK(n == 2);
+  CUdevice d = -1;
+  CHECK_RC(a.cuDeviceGet(&d, 1), CUDA_SUCCESS);
+  CHECK(d == 1);
+  CHECK_RC(a.cuDeviceGet(&d, 2), CUDA_ERROR_INVALID_DEVICE);
+  char name[64];
+  CHECK_RC(a.cuDeviceGetName(name, sizeof name, 1), CUDA_SUCCESS);
+  CHECK(strcmp(name, "mnemosyne fake GPU 1") == 0);
+  CHECK_RC(a.cuDeviceGetName(name, sizeof name, 7), CUDA_ERROR_INVALID_DEVICE);
+  size_t total = 0;
+  CHECK_RC(a.cuDeviceTotalMem(&total, 0), CUDA_SUCCESS);
+  CHECK(total == (size_t{16} << 30));
+  int v = -1;
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS, 0),
+           CUDA_SUCCESS);
+  CHECK(v == 1);
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0), CUDA_SUCCESS);
+  CHECK(v == 0);
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 1),
+           CUDA_SUCCESS);
+  CHECK(v == 9);
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, 1),
+           CUDA_SUCCESS);
+  CHECK(v == 0);
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, 0), CUDA_SUCCESS);
+  CHECK(v == 0);
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, 2),
+           CUDA_ERROR_INVALID_DEVICE);
+}
+
+// Returns the retained primary context of device 0, pushed.
+CUcontext check_contexts(Api& a) {
+  CUcontext cur = reinterpret_cast<CUcontext>(1);
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == nullptr);
+  CHECK_RC(a.cuCtxPopCurrent(&cur), CUDA_ERROR_INVALID_CONTEXT);
+
+  // No current context: the allocation calls fail.
+  const uint64_t inval_before = a.counters().invalid_context_calls;
+  CUdeviceptr dp = 0;
+  void* hp = nullptr;
+  CHECK_RC(a.cuMemAllocManaged(&dp, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuMemHostAlloc(&hp, 4096, 0), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuMemFree(0x1000), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuMemAdvise(0x1000, 1, CU_MEM_ADVISE_SET_READ_MOSTLY, device_location(0)),
+           CUDA_ERROR_INVALID_CONTEXT);
+  CHECK(a.counters().invalid_context_calls == inval_before + 4);
+
+  // Garbage handles are rejected without being dereferenced.
+  CHECK_RC(a.cuCtxPushCurrent(reinterpret_cast<CUcontext>(uintptr_t{0x1234})),
+           CUDA_ERROR_INVALID_CONTEXT);
+  int on_stack[8] = {};
+  CHECK_RC(a.cuCtxPushCurrent(reinterpret_cast<CUcontext>(on_stack)), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuCtxSetCurrent(reinterpret_cast<CUcontext>(on_stack)), CUDA_ERROR_INVALID_CONTEXT);
+
+  // Primary contexts: the same handle every time, one per device.
+  CUcontext p0 = nullptr, p0b = nullptr, p1 = nullptr;
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&p0, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&p0b, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&p1, 1), CUDA_SUCCESS);
+  CHECK(p0 != nullptr && p0 == p0b && p1 != p0);
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&p1, 5), CUDA_ERROR_INVALID_DEVICE);
+  CHECK_RC(a.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);  // still retained once
+
+  // Stack semantics.
+  CHECK_RC(a.cuCtxPushCurrent(p0), CUDA_SUCCESS);
+  CHECK_RC(a.cuCtxPushCurrent(p1), CUDA_SUCCESS);
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == p1);
+  CHECK_RC(a.cuCtxPopCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == p1);
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == p0);
+  CHECK_RC(a.cuCtxSetCurrent(p1), CUDA_SUCCESS);  // replaces the top
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == p1);
+  CHECK_RC(a.cuCtxSetCurrent(nullptr), CUDA_SUCCESS);  // pops
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == nullptr);
+
+  // Created contexts become current; destroying pops them and frees their memory.
+  CHECK_RC(a.cuCtxPushCurrent(p0), CUDA_SUCCESS);
+  CUcontext c = nullptr;
+  CHECK_RC(a.cuCtxCreate(&c, nullptr, 0, 1), CUDA_SUCCESS);
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(c != nullptr && cur == c);
+  CHECK_RC(a.cuMemAllocManaged(&dp, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  int dev = -1;
+  CHECK_RC(a.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dp), CUDA_SUCCESS);
+  CHECK(dev == 1);
+  CHECK(a.owns(reinterpret_cast<void*>(dp)) == 1);
+  CHECK_RC(a.cuCtxDestroy(p0), CUDA_ERROR_INVALID_CONTEXT);  // primary
+  CHECK_RC(a.cuCtxDestroy(c), CUDA_SUCCESS);
+  CHECK(a.owns(reinterpret_cast<void*>(dp)) == 0);
+  CHECK(a.counters().ctx_freed_blocks == 1);
+  CHECK_RC(a.cuCtxGetCurrent(&cur), CUDA_SUCCESS);
+  CHECK(cur == p0);
+  CHECK_RC(a.cuCtxPushCurrent(c), CUDA_ERROR_INVALID_CONTEXT);  // destroyed
+  CHECK_RC(a.cuCtxCreate(&c, nullptr, 0x10000, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuCtxCreate(&c, nullptr, 0, 9), CUDA_ERROR_INVALID_DEVICE);
+
+  // Releasing a primary context for the last time destroys its memory.
+  CHECK_RC(a.cuCtxPushCurrent(p1), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAllocManaged(&dp, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuCtxPopCurrent(nullptr), CUDA_SUCCESS);
+  CHECK_RC(a.cuDevicePrimaryCtxRelease(1), CUDA_SUCCESS);
+  CHECK(a.owns(reinterpret_cast<void*>(dp)) == 0);
+  CHECK_RC(a.cuDevicePrimaryCtxRelease(1), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuCtxPushCurrent(p1), CUDA_SUCCESS);  // inactive: cannot allocate
+  CHECK_RC(a.cuMemAllocManaged(&dp, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_CONTEXT);
+  CHECK_RC(a.cuCtxPopCurrent(nullptr), CUDA_SUCCESS);
+  CHECK(a.counters().ctx_freed_blocks == 2);
+  return p0;
+}
+
+struct Blocks {
+  CUdeviceptr managed = 0;
+  void* host = nullptr;
+};
+
+Blocks check_memory(Api& a) {
+  Blocks out;
+  const fakecuda_counters before = a.counters();
+  CUdeviceptr dp = 0;
+  CHECK_RC(a.cuMemAllocManaged(&dp, 0, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAllocManaged(&dp, kMiB, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAllocManaged(nullptr, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_INVALID_VALUE);
+
+  // Managed: 2 MiB aligned, never 32 MiB aligned.
+  std::vector<CUdeviceptr> ptrs;
+  for (int i = 0; i < 24; ++i) {
+    CUdeviceptr p = 0;
+    const size_t size = (i % 3 == 0) ? 40 * kMiB : size_t(i + 1) * 100000;
+    CHECK_RC(a.cuMemAllocManaged(&p, size, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+    CHECK(p % (2 * kMiB) == 0);
+    CHECK(p % (32 * kMiB) != 0);
+    memset(reinterpret_cast<void*>(p), 0xab, size);
+    CHECK(a.owns(reinterpret_cast<void*>(p + size - 1)) == 1);
+    CHECK(a.owns(reinterpret_cast<void*>(p + size)) == 0);
+    ptrs.push_back(p);
+  }
+  CHECK(a.counters().alloc_managed == before.alloc_managed + 24);
+  for (CUdeviceptr p : ptrs) CHECK_RC(a.cuMemFree(p), CUDA_SUCCESS);
+  CHECK(a.counters().free_managed == before.free_managed + 24);
+  CHECK(a.counters().live_bytes == before.live_bytes);
+
+  CHECK_RC(a.cuMemAllocManaged(&out.managed, 3 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  const CUdeviceptr m = out.managed;
+  CHECK(a.counters().live_bytes == before.live_bytes + 3 * kMiB);
+
+  // Pointer attributes of interior pointers.
+  unsigned int u = 7;
+  CHECK_RC(a.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, m + 12345), CUDA_SUCCESS);
+  CHECK(u == 1);
+  CHECK_RC(a.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, m + 1), CUDA_SUCCESS);
+  CHECK(u == CU_MEMORYTYPE_DEVICE);
+  int dev = -1;
+  CHECK_RC(a.cuPointerGetAttribute(&dev, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, m + 1), CUDA_SUCCESS);
+  CHECK(dev == 0);
+  CUdeviceptr start = 0;
+  CHECK_RC(a.cuPointerGetAttribute(&start, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, m + 3 * kMiB - 1),
+           CUDA_SUCCESS);
+  CHECK(start == m);
+  size_t range = 0;
+  CHECK_RC(a.cuPointerGetAttribute(&range, CU_POINTER_ATTRIBUTE_RANGE_SIZE, m + 5), CUDA_SUCCESS);
+  CHECK(range == 3 * kMiB);
+  CHECK_RC(a.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED, m + 3 * kMiB),
+           CUDA_ERROR_INVALID_VALUE);
+  int local = 0;
+  CHECK_RC(a.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                   reinterpret_cast<CUdeviceptr>(&local)),
+           CUDA_ERROR_INVALID_VALUE);
+
+  // Pinned: page aligned.
+  CHECK_RC(a.cuMemHostAlloc(&out.host, 10000, CU_MEMHOSTALLOC_PORTABLE), CUDA_SUCCESS);
+  CHECK(reinterpret_cast<uintptr_t>(out.host) % 4096 == 0);
+  memset(out.host, 1, 10000);
+  CHECK(a.owns(static_cast<char*>(out.host) + 9999) == 2);
+  CHECK_RC(a.cuPointerGetAttribute(&u, CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                                   reinterpret_cast<CUdeviceptr>(out.host)),
+           CUDA_SUCCESS);
+  CHECK(u == 0);
+  CHECK_RC(a.cuMemHostAlloc(&out.host, 10, 0x100), CUDA_ERROR_INVALID_VALUE);
+  // The wrong free function, interior pointers, unknown pointers.
+  CHECK_RC(a.cuMemFree(reinterpret_cast<CUdeviceptr>(out.host)), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemFreeHost(reinterpret_cast<void*>(m)), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemFree(m + 4096), CUDA_ERROR_INVALID_VALUE);
+  CHECK(a.owns(reinterpret_cast<void*>(m)) == 1);
+  CHECK(a.owns(out.host) == 2);
+
+  // The legacy 32-bit cuMemFree never frees.
+  const uint64_t legacy = a.counters().legacy_free_calls;
+  CHECK_RC(a.cuMemFreeLegacy(static_cast<unsigned int>(m)), CUDA_ERROR_INVALID_VALUE);
+  CHECK(a.counters().legacy_free_calls == legacy + 1);
+  CHECK(a.owns(reinterpret_cast<void*>(m)) == 1);
+
+  // Advice.
+  CHECK_RC(a.cuMemAdvise(m, 3 * kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device_location(1)),
+           CUDA_SUCCESS);
+  CHECK(a.counters().advise_last_device == 1);
+  fakecuda_advice adv{};
+  CHECK(a.get_advice(reinterpret_cast<void*>(m + 100), &adv) == 1);
+  CHECK(adv.count == 1 && adv.advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION &&
+        adv.loc_type == CU_MEM_LOCATION_TYPE_DEVICE && adv.loc_id == 1);
+  CUmemLocation host{};
+  host.type = CU_MEM_LOCATION_TYPE_HOST;
+  CHECK_RC(a.cuMemAdvise(m + kMiB, kMiB, CU_MEM_ADVISE_SET_ACCESSED_BY, host), CUDA_SUCCESS);
+  CHECK(a.counters().advise_last_device == -1);
+  CHECK(a.counters().advise_last_loc_type == CU_MEM_LOCATION_TYPE_HOST);
+  CHECK_RC(a.cuMemAdvise(m, kMiB, CU_MEM_ADVISE_SET_ACCESSED_BY, device_location(2)),
+           CUDA_ERROR_INVALID_DEVICE);
+  CHECK_RC(a.cuMemAdvise(m, 4 * kMiB, CU_MEM_ADVISE_SET_READ_MOSTLY, device_location(0)),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAdvise(reinterpret_cast<CUdeviceptr>(out.host), 4096,
+                         CU_MEM_ADVISE_SET_READ_MOSTLY, device_location(0)),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAdvise(m, kMiB, static_cast<CUmem_advise>(42), device_location(0)),
+           CUDA_ERROR_INVALID_VALUE);
+  a.set_advise_error(CUDA_ERROR_NOT_SUPPORTED);
+  CHECK_RC(a.cuMemAdvise(m, kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device_location(0)),
+           CUDA_ERROR_NOT_SUPPORTED);
+  a.set_advise_error(0);
+  CHECK(a.get_advice(reinterpret_cast<void*>(m), &adv) == 1);
+  CHECK(adv.count == 3 && adv.loc_id == 0);
+  CHECK(a.counters().advise_last_device == 0);
+  CHECK(a.counters().advise_calls == before.advise_calls + 7);
+  return out;
+}
+
+void check_fault_injection(Api& a) {
+  a.set_fail_alloc_after(2);
+  CUdeviceptr p1 = 0, p2 = 0, p3 = 0;
+  void* h = nullptr;
+  CHECK_RC(a.cuMemAllocManaged(&p1, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemHostAlloc(&h, 4096, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAllocManaged(&p2, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_RC(a.cuMemHostAlloc(&h, 4096, 0), CUDA_ERROR_OUT_OF_MEMORY);
+  a.set_fail_alloc_after(-1);
+  CHECK_RC(a.cuMemAllocManaged(&p2, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p1), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p2), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFreeHost(h), CUDA_SUCCESS);
+
+  const uint64_t live = a.counters().live_bytes;
+  a.set_mem_limit(live + 3 * kMiB);
+  CHECK_RC(a.cuMemAllocManaged(&p1, 2 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAllocManaged(&p2, 2 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_ERROR_OUT_OF_MEMORY);
+  CHECK_RC(a.cuMemAllocManaged(&p3, kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p1), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAllocManaged(&p2, 2 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  a.set_mem_limit(0);
+  CHECK_RC(a.cuMemAllocManaged(&p1, 64 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p1), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p2), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(p3), CUDA_SUCCESS);
+  CHECK(a.counters().live_bytes == live);
+}
+
+void check_fork(Api& a, const Blocks& blocks) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int bad = 0;
+    int v = 0;
+    if (a.cuDriverGetVersion(&v) != CUDA_ERROR_NOT_INITIALIZED) bad |= 1;
+    if (a.cuDeviceGetCount(&v) != CUDA_ERROR_NOT_INITIALIZED) bad |= 2;
+    if (a.cuInit(0) != CUDA_ERROR_NOT_INITIALIZED) bad |= 4;
+    CUdeviceptr p = 0;
+    if (a.cuMemAllocManaged(&p, 4096, CU_MEM_ATTACH_GLOBAL) != CUDA_ERROR_NOT_INITIALIZED) bad |= 8;
+    void* fn = nullptr;
+    if (a.cuGetProcAddress("cuInit", &fn, CUDA_VERSION, 0, nullptr) != CUDA_ERROR_NOT_INITIALIZED)
+      bad |= 16;
+    if (a.owns(reinterpret_cast<void*>(blocks.managed)) != 0) bad |= 32;
+    _exit(bad);
+  }
+  int status = 0;
+  CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) != 0)
+    fprintf(stderr, "fork child: failure bits 0x%x\n", WEXITSTATUS(status));
+
+  // The driver's memory is not inherited: touching it in the child faults.
+  const void* targets[] = {reinterpret_cast<void*>(blocks.managed), blocks.host};
+  for (const void* target : targets) {
+    pid = fork();
+    if (pid == 0) {
+      rlimit no_core{0, 0};
+      setrlimit(RLIMIT_CORE, &no_core);
+      volatile const char* q = static_cast<volatile const char*>(target);
+      _exit(q[0] == 0x7f ? 3 : 4);
+    }
+    CHECK(pid > 0 && waitpid(pid, &status, 0) == pid);
+    CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+  }
+  // The parent is unaffected.
+  int n = 0;
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_SUCCESS);
+}
+
+void check_threads(Api& a, CUcontext primary) {
+  // The internal thread: about 30 malloc/free pairs under the driver lock.
+  const double deadline = now_ms() + 3000;
+  while (a.counters().thread_finished == 0 && now_ms() < deadline) usleep(2000);
+  CHECK(a.counters().thread_finished == 1);
+  CHECK(a.counters().thread_allocs == 30);
+
+  // Concurrent allocation from several threads, each with its own stack.
+  struct Arg {
+    Api* api;
+    CUcontext ctx;
+    std::atomic<int>* errors;
+  };
+  std::atomic<int> errors{0};
+  Arg arg{&a, primary, &errors};
+  auto body = [](void* p) -> void* {
+    Arg* g = static_cast<Arg*>(p);
+    Api& api = *g->api;
+    CUcontext cur = nullptr;
+    if (api.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || cur != nullptr) ++*g->errors;
+    if (api.cuCtxPushCurrent(g->ctx) != CUDA_SUCCESS) ++*g->errors;
+    for (int i = 0; i < 200; ++i) {
+      CUdeviceptr d = 0;
+      void* h = nullptr;
+      if (api.cuMemAllocManaged(&d, 4096 * size_t(1 + i % 7), CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS)
+        ++*g->errors;
+      if (api.cuMemHostAlloc(&h, 100, 0) != CUDA_SUCCESS) ++*g->errors;
+      if (api.owns(reinterpret_cast<void*>(d)) != 1 || api.owns(h) != 2) ++*g->errors;
+      if (api.cuMemFree(d) != CUDA_SUCCESS) ++*g->errors;
+      if (api.cuMemFreeHost(h) != CUDA_SUCCESS) ++*g->errors;
+    }
+    if (api.cuCtxPopCurrent(nullptr) != CUDA_SUCCESS) ++*g->errors;
+    return nullptr;
+  };
+  pthread_t t[4];
+  for (pthread_t& th : t) CHECK(pthread_create(&th, nullptr, body, &arg) == 0);
+  for (pthread_t& th : t) pthread_join(th, nullptr);
+  CHECK(errors.load() == 0);
+}
+
+void check_log(const char* path, pid_t self) {
+  const std::string log = read_file(path);
+  const std::string pid = std::to_string(self) + " ";
+  const char* expected[] = {
+      "fail call=cuDeviceGetCount rc=3",
+      "init rc=100",
+      "fail call=cuInit rc=100",
+      "init rc=0",
+      "alloc kind=managed ptr=0x",
+      "alloc kind=host ptr=0x",
+      "free kind=managed ptr=0x",
+      "free kind=host ptr=0x",
+      "advise ptr=0x",
+      "fail call=cuMemAdvise_v2 rc=801\n",  // the injected advise error
+      "legacy-free ptr32=0x",
+      "fail call=cuMemAllocManaged rc=201",
+      "fail call=cuMemAllocManaged rc=2\n",
+      "fail call=cuGetProcAddress_v2 rc=500",
+      "ctx-free kind=managed",
+      "thread-exit allocs=30",
+  };
+  for (const char* e : expected) {
+    if (!contains(log, pid + e)) {
+      fprintf(stderr, "log lacks \"%s%s\"\n", pid.c_str(), e);
+      ++g_failures;
+    }
+  }
+  CHECK(contains(log, " advice=3 loc_type=1 loc_id=1 rc=0\n"));
+  CHECK(contains(log, " fork-child\n"));
+  // One well-formed line per event: "<pid> <event> ...".
+  size_t lines = 0;
+  for (size_t pos = 0; pos < log.size();) {
+    size_t nl = log.find('\n', pos);
+    CHECK(nl != std::string::npos);
+    if (nl == std::string::npos) break;
+    const std::string line = log.substr(pos, nl - pos);
+    char* end = nullptr;
+    long p = strtol(line.c_str(), &end, 10);
+    CHECK(p > 0 && end != nullptr && *end == ' ' && end[1] != '\0');
+    pos = nl + 1;
+    ++lines;
+  }
+  CHECK(lines > 50);
+}
+
+void check_noproc(const char* path) {
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  CHECK(h != nullptr);
+  if (h == nullptr) return;
+  CHECK(dlsym(h, "cuGetProcAddress_v2") == nullptr);
+  CHECK(dlsym(h, "cuGetProcAddress") == nullptr);
+  const char* versioned[] = {"cuInit",
+                             "cuMemFree_v2",
+                             "cuMemAdvise_v2",
+                             "cuCtxCreate_v4",
+                             "cuCtxDestroy_v2",
+                             "cuCtxPushCurrent_v2",
+                             "cuCtxPopCurrent_v2",
+                             "cuDevicePrimaryCtxRelease_v2",
+                             "cuDeviceTotalMem_v2",
+                             "cuMemAllocManaged",
+                             "cuMemHostAlloc",
+                             "cuMemFreeHost",
+                             "cuPointerGetAttribute",
+                             "cuMemFree",
+                             "fakecuda_get_counters"};
+  for (const char* name : versioned) {
+    if (dlsym(h, name) == nullptr) {
+      fprintf(stderr, "noproc library lacks %s\n", name);
+      ++g_failures;
+    }
+  }
+  auto version = reinterpret_cast<PFN_cuDriverGetVersion_v2020>(dlsym(h, "cuDriverGetVersion"));
+  int v = 0;
+  CHECK(version != nullptr && version(&v) == CUDA_SUCCESS && v == 13000);
+  // Only the driver's exports and the fakecuda_* functions are visible.
+  CHECK(dlsym(h, "_ZN8fakecuda10g_countersE") == nullptr);
+}
+
+// ------------------------------------------------------------------ env children
+
+int run_env_faults(const char* lib) {
+  Api a;
+  if (!open_api(lib, &a, true)) return 1;
+  const double t0 = now_ms();
+  CHECK_RC(a.cuInit(0), CUDA_SUCCESS);
+  CHECK(now_ms() - t0 >= 50);  // FAKECUDA_INIT_DELAY_MS=60
+  int n = 0;
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_SUCCESS);
+  CHECK(n == 1);
+  int v = 0;
+  CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0), CUDA_SUCCESS);
+  CHECK(v == 1);
+  void* fn = nullptr;
+  CHECK_RC(a.cuGetProcAddress("cuPointerGetAttribute", &fn, CUDA_VERSION, 0, nullptr),
+           CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION, 0, nullptr), CUDA_SUCCESS);
+  CUcontext ctx = nullptr;
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuCtxPushCurrent(ctx), CUDA_SUCCESS);
+  // FAKECUDA_FAIL_ALLOC_AFTER=2, FAKECUDA_MEM_LIMIT=3 MiB.
+  CUdeviceptr p1 = 0, p2 = 0;
+  CHECK_RC(a.cuMemAllocManaged(&p1, 2 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);  // 1st
+  CHECK_RC(a.cuMemAllocManaged(&p2, 2 * kMiB, CU_MEM_ATTACH_GLOBAL),                 // 2nd
+           CUDA_ERROR_OUT_OF_MEMORY);                                                // (limit)
+  // FAKECUDA_ADVISE_ERROR=999: recorded, then failed.
+  CHECK_RC(a.cuMemAdvise(p1, kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device_location(0)),
+           CUDA_ERROR_UNKNOWN);
+  fakecuda_advice adv{};
+  CHECK(a.get_advice(reinterpret_cast<void*>(p1), &adv) == 1 && adv.count == 1);
+  CHECK_RC(a.cuMemFree(p1), CUDA_SUCCESS);
+  void* h = nullptr;
+  CHECK_RC(a.cuMemHostAlloc(&h, 4096, 0), CUDA_ERROR_OUT_OF_MEMORY);  // 3rd (after N)
+  // FAKECUDA_THREAD_ITERS=0: no internal thread.
+  usleep(20000);
+  CHECK(a.counters().thread_allocs == 0);
+  return g_failures == 0 ? 0 : 1;
+}
+
+int run_env_nodev(const char* lib) {
+  Api a;
+  if (!open_api(lib, &a, false)) return 1;
+  CHECK_RC(a.cuInit(0), CUDA_SUCCESS);
+  int n = -1;
+  CHECK_RC(a.cuDeviceGetCount(&n), CUDA_SUCCESS);
+  CHECK(n == 0);
+  CUdevice d = 0;
+  CHECK_RC(a.cuDeviceGet(&d, 0), CUDA_ERROR_INVALID_DEVICE);
+  CUcontext ctx = nullptr;
+  CHECK_RC(a.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_ERROR_INVALID_DEVICE);
+  return g_failures == 0 ? 0 : 1;
+}
+
+bool run_child(const char* mode, const char* lib, const std::vector<std::string>& env) {
+  fflush(nullptr);
+  pid_t pid = fork();
+  if (pid == 0) {
+    for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+    execl("/proc/self/exe", "fakecuda_selftest", mode, lib, static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid) return false;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    fprintf(stderr, "child %s failed (status 0x%x)\n", mode, status);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && strcmp(argv[1], "--env-faults") == 0) return run_env_faults(argv[2]);
+  if (argc == 3 && strcmp(argv[1], "--env-nodev") == 0) return run_env_nodev(argv[2]);
+  if (argc != 3) {
+    fprintf(stderr, "usage: %s <libfakecuda.so> <libfakecuda-noproc.so>\n", argv[0]);
+    return 2;
+  }
+  const char* lib = argv[1];
+  const char* noproc = argv[2];
+
+  char log_path[] = "/tmp/fakecuda-selftest-XXXXXX";
+  int fd = mkstemp(log_path);
+  if (fd < 0) {
+    perror("mkstemp");
+    return 1;
+  }
+  close(fd);
+  const char* cleared[] = {"FAKECUDA_INIT_ERROR",       "FAKECUDA_INIT_DELAY_MS",
+                           "FAKECUDA_FAIL_ALLOC_AFTER", "FAKECUDA_MEM_LIMIT",
+                           "FAKECUDA_MISSING",          "FAKECUDA_ADVISE_ERROR",
+                           "FAKECUDA_PAGEABLE",         "FAKECUDA_CONCURRENT_MANAGED",
+                           "FAKECUDA_THREAD_ITERS"};
+  for (const char* name : cleared) unsetenv(name);
+  setenv("FAKECUDA_LOG", log_path, 1);
+  setenv("FAKECUDA_DEVICES", "2", 1);
+  setenv("FAKECUDA_THREAD_ALLOC_MAX", "16777216", 1);
+
+  Api a;
+  if (!open_api(lib, &a, true)) return 1;
+  check_before_init(a);
+  check_proc_address(a);
+  check_devices(a);
+  CUcontext primary = check_contexts(a);
+  const Blocks blocks = check_memory(a);
+  check_fault_injection(a);
+  check_fork(a, blocks);
+  check_threads(a, primary);
+  CHECK_RC(a.cuMemFree(blocks.managed), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFreeHost(blocks.host), CUDA_SUCCESS);
+  CHECK(a.owns(reinterpret_cast<void*>(blocks.managed)) == 0);
+  check_log(log_path, getpid());
+
+  a.reset_counters();
+  fakecuda_counters c = a.counters();
+  CHECK(c.total_calls == 0 && c.failed_calls == 0 && c.advise_last_device == -1);
+  CHECK(c.live_bytes == 0);
+  CHECK_RC(a.cuCtxPopCurrent(nullptr), CUDA_SUCCESS);
+  CHECK_RC(a.cuDevicePrimaryCtxRelease(0), CUDA_SUCCESS);
+  c = a.counters();
+  CHECK(c.total_calls == 2 && c.failed_calls == 0);
+
+  check_noproc(noproc);
+
+  const std::string log_env = std::string("FAKECUDA_LOG=") + log_path;
+  CHECK(run_child(
+      "--env-faults", lib,
+      {log_env, "FAKECUDA_DEVICES=1", "FAKECUDA_PAGEABLE=1", "FAKECUDA_INIT_DELAY_MS=60",
+       "FAKECUDA_FAIL_ALLOC_AFTER=2", "FAKECUDA_MEM_LIMIT=3145728", "FAKECUDA_ADVISE_ERROR=999",
+       "FAKECUDA_MISSING=cuPointerGetAttribute", "FAKECUDA_THREAD_ITERS=0"}));
+  CHECK(run_child("--env-nodev", lib, {log_env, "FAKECUDA_DEVICES=0", "FAKECUDA_THREAD_ITERS=0"}));
+  CHECK(
+      run_child("--env-nodev", noproc, {log_env, "FAKECUDA_DEVICES=0", "FAKECUDA_THREAD_ITERS=0"}));
+
+  unlink(log_path);
+  if (g_failures != 0) {
+    fprintf(stderr, "fakecuda_selftest: %d failure(s)\n", g_failures);
+    return 1;
+  }
+  printf("fakecuda_selftest: all checks passed\n");
+  return 0;
+}

@@ -1,0 +1,293 @@
+// The arena over the test-double driver: where blocks land, growth under
+// racing threads, dedicated segments, the limit and fallbacks, re-entrant
+// calls from driver threads, and a forked child's heap.
+//
+// The arena is one per process (mimalloc is), so every scenario runs as a
+// death test, in a fresh re-executed process with its own configuration.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "arena/arena.hpp"
+#include "arena/ownership_map.hpp"
+#include "backend/driver_call.hpp"
+#include "backend/loader.hpp"
+#include "backend_test_support.hpp"
+
+namespace mnemosyne {
+namespace {
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+std::atomic<long> g_host_calls{0};
+void* counting_malloc(std::size_t n) {
+  g_host_calls++;
+  return std::malloc(n);
+}
+void* counting_memalign(std::size_t a, std::size_t n) {
+  g_host_calls++;
+  void* p = nullptr;
+  return posix_memalign(&p, a, n) == 0 ? p : nullptr;
+}
+std::atomic<int> g_warnings{0};
+void count_warning(const char*) { g_warnings++; }
+
+arena::Config config(BackendId backend) {
+  arena::Config cfg;
+  cfg.backend = backend;
+  cfg.host = arena::HostHeap{&counting_malloc, &counting_memalign, &std::free};
+  cfg.warn = &count_warning;
+  return cfg;
+}
+
+bool start_arena(const arena::Config& cfg, arena::StartReport* report = nullptr) {
+  arena::StartReport local;
+  return arena::start(cfg, report != nullptr ? report : &local);
+}
+
+// Runs `body` in a fresh process; it must return normally (exit 0).
+#define IN_FRESH_PROCESS(body)                                          \
+  EXPECT_EXIT(                                                          \
+      {                                                                 \
+        body;                                                           \
+        std::exit(::testing::Test::HasFailure() ? 1 : 0);               \
+      },                                                                \
+      ::testing::ExitedWithCode(0), "")
+
+TEST(Arena, BlocksLandInDriverMemory) {
+  IN_FRESH_PROCESS({
+    arena::StartReport report;
+    ASSERT_TRUE(start_arena(config(BackendId::unified), &report));
+    EXPECT_EQ(report.active, BackendId::unified) << report.reason;
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, 3 * kMiB}) {
+      void* p = arena::alloc(n);
+      ASSERT_NE(p, nullptr);
+      std::memset(p, 0x5a, n);
+      const std::uint8_t tag = owner_tag(p);
+      EXPECT_NE(tag & kOwnerArena, 0);
+      EXPECT_EQ(owner_backend(tag), BackendId::unified);
+      EXPECT_EQ(fake->owns(p), 1) << "block outside the driver's managed memory";
+      EXPECT_GE(arena::usable_size(p, tag), n);
+      arena::free(p, tag);
+    }
+    int local = 0;
+    EXPECT_EQ(owner_tag(&local), 0) << "a stack address is not ours";
+    EXPECT_EQ(owner_tag(nullptr), 0);
+  });
+}
+
+TEST(Arena, AlignedBlocksHonourTheirAlignment) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    // 2.0.9's mi_malloc_aligned returned a 128-aligned block for 512 bytes at 256.
+    for (std::size_t align = 16; align <= (std::size_t{64} << 20); align <<= 1) {
+      for (std::size_t n : {align, 2 * align, std::size_t{512}, std::size_t{100}}) {
+        void* p = arena::alloc_aligned(n, align);
+        ASSERT_NE(p, nullptr) << "align " << align << " size " << n;
+        EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % align, 0u) << "align " << align;
+        EXPECT_NE(owner_tag(p), 0);
+        arena::free(p, owner_tag(p));
+      }
+    }
+  });
+}
+
+TEST(Arena, RacingThreadsGrowByOneArenaAtATime) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    constexpr int kThreads = 16;
+    std::vector<std::vector<void*>> blocks(kThreads);
+    std::atomic<bool> go{false};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        while (!go.load()) std::this_thread::yield();
+        for (int i = 0; i < 48; ++i) blocks[t].push_back(arena::alloc(2 * kMiB));
+      });
+    }
+    go = true;
+    for (auto& t : threads) t.join();
+    arena::Stats s;
+    arena::stats(&s);
+    // 1.5 GiB in 2 MiB blocks: geometric growth needs about 5 arenas; one
+    // arena per racing thread per step would need dozens.
+    EXPECT_LE(s.segments, 8u);
+    EXPECT_GE(s.segments, 2u);
+    EXPECT_EQ(g_host_calls.load(), 0) << "every block should come from the arena";
+    for (auto& v : blocks) {
+      for (void* p : v) {
+        ASSERT_NE(p, nullptr);
+        EXPECT_EQ(owner_backend(owner_tag(p)), BackendId::unified);
+        arena::free(p, owner_tag(p));
+      }
+    }
+  });
+}
+
+TEST(Arena, HugeAndOveralignedRequestsGetDedicatedSegments) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    const auto before = fake->counters();
+    void* huge = arena::alloc_zeroed(std::size_t{1100} * kMiB);
+    ASSERT_NE(huge, nullptr);
+    EXPECT_NE(owner_tag(huge) & kOwnerDedicated, 0);
+    EXPECT_EQ(static_cast<unsigned char*>(huge)[1000 * kMiB], 0);
+    EXPECT_GE(arena::usable_size(huge, owner_tag(huge)), std::size_t{1100} * kMiB);
+    void* aligned = arena::alloc_aligned(100, std::size_t{128} * kMiB);
+    ASSERT_NE(aligned, nullptr);
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(aligned) % (std::size_t{128} * kMiB), 0u);
+    EXPECT_EQ(fake->owns(aligned), 1);
+    arena::free(huge, owner_tag(huge));
+    arena::free(aligned, owner_tag(aligned));
+    const auto after = fake->counters();
+    EXPECT_EQ(after.free_managed - before.free_managed, 2u) << "dedicated blocks go back on free";
+    EXPECT_EQ(owner_tag(huge), 0);
+    // Impossible sizes fail without asking the driver.
+    EXPECT_EQ(arena::alloc(SIZE_MAX / 2), nullptr);
+    EXPECT_EQ(fake->counters().failed_calls, after.failed_calls);
+  });
+}
+
+TEST(Arena, ReallocKeepsContentsAcrossSegments) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    auto* p = static_cast<unsigned char*>(arena::alloc(1000));
+    for (int i = 0; i < 1000; ++i) p[i] = static_cast<unsigned char>(i);
+    p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), std::size_t{1200} * kMiB));
+    ASSERT_NE(p, nullptr);
+    EXPECT_NE(owner_tag(p) & kOwnerDedicated, 0);
+    for (int i = 0; i < 1000; ++i) ASSERT_EQ(p[i], static_cast<unsigned char>(i));
+    p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), 64));
+    ASSERT_NE(p, nullptr);
+    EXPECT_NE(owner_tag(p) & kOwnerArena, 0);
+    for (int i = 0; i < 64; ++i) ASSERT_EQ(p[i], static_cast<unsigned char>(i));
+    arena::free(p, owner_tag(p));
+  });
+}
+
+TEST(Arena, UnavailableDriverStartsOnHostMemory) {
+  IN_FRESH_PROCESS({
+    setenv("MNEMOSYNE_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+    arena::StartReport report;
+    ASSERT_TRUE(start_arena(config(BackendId::device), &report));
+    EXPECT_EQ(report.requested, BackendId::device);
+    EXPECT_EQ(report.active, BackendId::host);
+    EXPECT_NE(std::strstr(report.reason, "nonexistent"), nullptr) << report.reason;
+    void* p = arena::alloc(100);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(owner_backend(owner_tag(p)), BackendId::host);
+  });
+}
+
+TEST(Arena, FallbackFailStartsWithNothing) {
+  IN_FRESH_PROCESS({
+    setenv("FAKECUDA_INIT_ERROR", "100", 1);
+    arena::Config cfg = config(BackendId::unified);
+    cfg.fallback = arena::Fallback::fail;
+    arena::StartReport report;
+    ASSERT_TRUE(start_arena(cfg, &report));
+    EXPECT_NE(report.reason[0], '\0');
+    EXPECT_EQ(arena::alloc(100), nullptr);
+    EXPECT_EQ(g_host_calls.load(), 0);
+  });
+}
+
+TEST(Arena, LimitReachedFallsBackToHostOnce) {
+  IN_FRESH_PROCESS({
+    arena::Config cfg = config(BackendId::unified);
+    cfg.limit = 160 * kMiB;
+    ASSERT_TRUE(start_arena(cfg));
+    std::vector<void*> blocks;
+    for (int i = 0; i < 100; ++i) blocks.push_back(arena::alloc(4 * kMiB));
+    for (void* p : blocks) ASSERT_NE(p, nullptr);
+    EXPECT_GT(g_host_calls.load(), 0) << "past the limit, the host heap serves";
+    EXPECT_EQ(g_warnings.load(), 1) << "one warning line, not one per request";
+    arena::Stats s;
+    arena::stats(&s);
+    EXPECT_LE(s.bytes_reserved[static_cast<int>(BackendId::unified)], 160 * kMiB);
+  });
+}
+
+TEST(Arena, LimitWithFailPolicyReturnsNull) {
+  IN_FRESH_PROCESS({
+    arena::Config cfg = config(BackendId::unified);
+    cfg.limit = 160 * kMiB;
+    cfg.fallback = arena::Fallback::fail;
+    ASSERT_TRUE(start_arena(cfg));
+    int nulls = 0;
+    for (int i = 0; i < 100; ++i) nulls += arena::alloc(4 * kMiB) == nullptr;
+    EXPECT_GT(nulls, 0);
+    EXPECT_EQ(g_host_calls.load(), 0);
+  });
+}
+
+TEST(Arena, DriverThreadsNeverMakeTheArenaCallTheDriver) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    std::thread driver_thread([&] {
+      mark_thread_as_driver_owned();
+      const auto before = fake->counters();
+      std::vector<void*> blocks;
+      for (int i = 0; i < 64; ++i) blocks.push_back(arena::alloc(4 * kMiB));  // beyond 64 MiB
+      for (void* p : blocks) EXPECT_NE(p, nullptr);
+      EXPECT_EQ(fake->counters().alloc_managed, before.alloc_managed)
+          << "a driver-owned thread made the arena call the driver";
+      EXPECT_GT(g_host_calls.load(), 0);
+    });
+    driver_thread.join();
+  });
+}
+
+TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    auto* data = static_cast<unsigned char*>(arena::alloc(8 * kMiB));
+    ASSERT_NE(data, nullptr);
+    for (std::size_t i = 0; i < 8 * kMiB; ++i) data[i] = static_cast<unsigned char>(i * 7);
+    arena::prepare_fork();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (!arena::child_after_fork()) _exit(10);
+      const auto before = fake->counters();
+      for (std::size_t i = 0; i < 8 * kMiB; ++i) {
+        if (data[i] != static_cast<unsigned char>(i * 7)) _exit(11);
+      }
+      std::vector<void*> blocks;  // beyond the parent's arena: grows with host memory
+      for (int i = 0; i < 40; ++i) {
+        void* p = arena::alloc(4 * kMiB);
+        if (p == nullptr) _exit(12);
+        std::memset(p, 1, 4 * kMiB);
+        blocks.push_back(p);
+      }
+      if (owner_backend(owner_tag(blocks.back())) != BackendId::host) _exit(13);
+      for (void* p : blocks) arena::free(p, owner_tag(p));
+      arena::free(data, owner_tag(data));
+      if (fake->counters().total_calls != before.total_calls) _exit(14);
+      _exit(0);
+    }
+    arena::parent_after_fork();
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
+    for (std::size_t i = 0; i < 8 * kMiB; i += 4096) ASSERT_EQ(data[i], (unsigned char)(i * 7));
+    arena::free(data, owner_tag(data));
+  });
+}
+
+}  // namespace
+}  // namespace mnemosyne

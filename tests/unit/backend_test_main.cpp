@@ -1,0 +1,17 @@
+// main() of the backend unit tests. The driver loader keeps one state per
+// process, so scenarios that need a fresh process or another environment run
+// as death tests in the "threadsafe" style, which re-executes this binary.
+// MNEMOSYNE_TEST_FAKECUDA (set by meson) names the test-double driver; it
+// becomes MNEMOSYNE_CUDA_DRIVER before any test runs.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  if (const char* fake = std::getenv("MNEMOSYNE_TEST_FAKECUDA"); fake != nullptr && *fake) {
+    setenv("MNEMOSYNE_CUDA_DRIVER", fake, 1);
+  }
+  return RUN_ALL_TESTS();
+}
