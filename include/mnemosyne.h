@@ -22,6 +22,12 @@ const char* mnemosyne_backend_of(const void* ptr);
 /* The backend new arena memory comes from now ("host" after a fallback). */
 const char* mnemosyne_active_backend(void);
 
+/* This process's statistics as JSON (schema "mnemosyne-stats/1", see
+ * docs/stats-schema.md), in a block the caller releases with free(); NULL
+ * when memory is short. Allocation counts are collected only when
+ * MNEMOSYNE_SHOW_STATS or MNEMOSYNE_STATS_FILE was set at start. */
+char* mnemosyne_stats_json(void);
+
 /* The library's version, "MAJOR.MINOR.PATCH". */
 const char* mnemosyne_version(void);
 

@@ -52,7 +52,7 @@ if [ $quick -eq 0 ]; then
   echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
   ninja -C build-asan
-  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run_suite build-asan --suite unit || status=1
   echo "== registry and loader tests under ThreadSanitizer"
   configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false

@@ -3,6 +3,9 @@
 
 #include "arena/arena.hpp"
 #include "arena/ownership_map.hpp"
+#include "stats_report.hpp"
+
+#include <cstdlib>
 
 using namespace mnemosyne;
 
@@ -19,6 +22,13 @@ __attribute__((visibility("default"))) const char* mnemosyne_backend_of(const vo
 
 __attribute__((visibility("default"))) const char* mnemosyne_active_backend(void) {
   return backend_name(arena::active_backend());
+}
+
+__attribute__((visibility("default"))) char* mnemosyne_stats_json(void) {
+  const std::size_t needed = mnemosyne::stats_json(nullptr, 0) + 1;
+  auto* text = static_cast<char*>(std::malloc(needed));
+  if (text != nullptr) mnemosyne::stats_json(text, needed);
+  return text;
 }
 
 __attribute__((visibility("default"))) const char* mnemosyne_version(void) {

@@ -1,9 +1,11 @@
 // The C allocation API, exported in place of glibc's.
 //
-// Fast path: one mode check, then mimalloc (malloc) or one ownership-map load
-// (free). Pointers the arena does not own (allocated by glibc before our
-// start, by glibc-internal __libc_* calls, or while the driver was calling
-// malloc) go back to glibc.
+// Fast path (Mode::arena): one mode check, then mimalloc (malloc) or one
+// ownership-map load (free). Mode::managed adds MNEMOSYNE_SIZE routing and
+// statistics counting on a separate path. Pointers the arena does not own
+// (allocated by glibc before our start, by glibc-internal __libc_* calls,
+// outside the size range, or while the driver was calling malloc) go back
+// to glibc.
 #include <errno.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include "arena/arena.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
+#include "stats/counters.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -31,30 +34,93 @@ std::size_t page_size() noexcept {
   return page;
 }
 
+// ---- Mode::managed helpers: routing and counting
+
+inline bool to_arena(std::size_t size) noexcept {
+  return !g_policy.routing || (size >= g_policy.size_min && size <= g_policy.size_max);
+}
+
+std::size_t usable_of(void* p, std::uint8_t tag) noexcept {
+  return tag != 0 ? arena::usable_size(p, tag) : linux_host::usable_size(p);
+}
+
+int pool_of_tag(std::uint8_t tag) noexcept {
+  return tag != 0 ? stats::pool_of(owner_backend(tag)) : stats::kSystemPool;
+}
+
+void* counted(void* p, std::size_t requested) noexcept {
+  if (p != nullptr && g_policy.counting) {
+    const std::uint8_t tag = owner_tag(p);
+    stats::count_alloc(pool_of_tag(tag), requested, usable_of(p, tag));
+  }
+  return p;
+}
+
+void count_release(void* p, std::uint8_t tag) noexcept {
+  stats::count_free(pool_of_tag(tag), usable_of(p, tag));
+}
+
+void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  void* p;
+  if (!to_arena(size)) {
+    p = alignment != 0 ? __libc_memalign(alignment, size)
+                       : (zero ? __libc_calloc(1, size) : __libc_malloc(size));
+  } else if (alignment != 0) {
+    p = arena::alloc_aligned(size, alignment);
+  } else {
+    p = zero ? arena::alloc_zeroed(size) : arena::alloc(size);
+  }
+  if (p == nullptr) return nomem();
+  return counted(p, size);
+}
+
 void* aligned(std::size_t alignment, std::size_t size) noexcept {
-  if (arena_mode()) {
+  const Mode mode = current_mode();
+  if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = arena::alloc_aligned(size, alignment);
     return p != nullptr ? p : nomem();
   }
+  if (mode == Mode::managed) return managed_alloc(size, alignment, false);
   return __libc_memalign(alignment, size);
-}
-
-// A block the arena owns, resized while the arena is not in use (a forked
-// child that lost its heap): its bytes cannot be read any more.
-void* realloc_lost(std::size_t size) noexcept {
-  return __libc_malloc(size);
 }
 
 // A block glibc owns: move it into the arena so the heap ends up in backend
 // memory, unless its size is unknown (then glibc keeps it).
 void* realloc_foreign(void* ptr, std::size_t size) noexcept {
   const std::size_t old_size = linux_host::usable_size(ptr);
-  if (!arena_mode() || old_size == 0) return __libc_realloc(ptr, size);
+  if (old_size == 0) return __libc_realloc(ptr, size);
   void* p = arena::alloc(size);
   if (p == nullptr) return nomem();
   std::memcpy(p, ptr, old_size < size ? old_size : size);
   __libc_free(ptr);
   return p;
+}
+
+// realloc outside the fast path. `size` > 0, `ptr` non-null.
+void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noexcept {
+  if (mode == Mode::host) {
+    // A forked child that lost its heap cannot read an arena block any more.
+    return tag != 0 ? __libc_malloc(size) : __libc_realloc(ptr, size);
+  }
+  const bool counting = g_policy.counting;
+  const std::size_t old_usable = counting ? usable_of(ptr, tag) : 0;
+  void* p;
+  if (to_arena(size)) {
+    p = tag != 0 ? arena::realloc(ptr, tag, size) : realloc_foreign(ptr, size);
+  } else if (tag == 0) {
+    p = __libc_realloc(ptr, size);
+  } else {  // crosses out of the size range: move the block to the system allocator
+    const std::size_t old_size = arena::usable_size(ptr, tag);
+    p = __libc_malloc(size);
+    if (p != nullptr) {
+      std::memcpy(p, ptr, old_size < size ? old_size : size);
+      arena::free(ptr, tag);
+    }
+  }
+  if (p == nullptr) return nomem();  // the old block is untouched
+  if (!counting) return p;
+  stats::count_free(pool_of_tag(tag), old_usable);
+  return counted(p, size);
 }
 
 }  // namespace
@@ -65,15 +131,20 @@ using namespace mnemosyne;
 extern "C" {
 
 __attribute__((visibility("default"))) void* malloc(std::size_t size) noexcept {
-  if (arena_mode()) {
+  const Mode mode = current_mode();
+  if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = arena::alloc(size);
     return p != nullptr ? p : nomem();
   }
+  if (mode == Mode::managed) return managed_alloc(size, 0, false);
   return __libc_malloc(size);
 }
 
 __attribute__((visibility("default"))) void free(void* ptr) noexcept {
   const std::uint8_t tag = owner_tag(ptr);
+  if (__builtin_expect(g_counting.load(std::memory_order_relaxed), 0) && ptr != nullptr) {
+    count_release(ptr, tag);
+  }
   if (__builtin_expect(tag != 0, 1)) {
     arena::free(ptr, tag);
   } else if (ptr != nullptr) {
@@ -88,10 +159,12 @@ __attribute__((visibility("default"))) void cfree(void* ptr) noexcept {
 __attribute__((visibility("default"))) void* calloc(std::size_t count, std::size_t size) noexcept {
   std::size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return nomem();
-  if (arena_mode()) {
+  const Mode mode = current_mode();
+  if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = arena::alloc_zeroed(total);
     return p != nullptr ? p : nomem();
   }
+  if (mode == Mode::managed) return managed_alloc(total, 0, true);
   return __libc_calloc(count, size);
 }
 
@@ -102,10 +175,12 @@ __attribute__((visibility("default"))) void* realloc(void* ptr, std::size_t size
     return nullptr;
   }
   const std::uint8_t tag = owner_tag(ptr);
-  if (tag == 0) return realloc_foreign(ptr, size);
-  if (!arena_mode()) return realloc_lost(size);
-  void* p = arena::realloc(ptr, tag, size);
-  return p != nullptr ? p : nomem();
+  const Mode mode = current_mode();
+  if (__builtin_expect(mode == Mode::arena, 1)) {
+    void* p = tag != 0 ? arena::realloc(ptr, tag, size) : realloc_foreign(ptr, size);
+    return p != nullptr ? p : nomem();
+  }
+  return realloc_slow(mode, ptr, tag, size);
 }
 
 __attribute__((visibility("default"))) void* reallocarray(void* ptr, std::size_t count,

@@ -34,10 +34,12 @@ void warn(const char* line) noexcept {
   if (g_state.cfg.warn != nullptr) g_state.cfg.warn(line);
 }
 
-void* host_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+// `counter`: host_fallbacks or driver_allocations.
+void* host_alloc(std::size_t size, std::size_t alignment, bool zero,
+                 std::atomic<std::uint64_t>& counter) noexcept {
   const HostHeap& h = g_state.cfg.host;
   if (h.malloc == nullptr) return nullptr;
-  g_state.host_fallbacks.fetch_add(1, std::memory_order_relaxed);
+  counter.fetch_add(1, std::memory_order_relaxed);
   void* p = alignment != 0 ? h.memalign(alignment, size) : h.malloc(size);
   if (p != nullptr && zero) std::memset(p, 0, size);
   return p;
@@ -143,8 +145,9 @@ bool grow(std::size_t min_bytes, std::uint32_t seen) noexcept {
 // heap serves it, and the first time that happens one line says why.
 void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* why) noexcept {
   if (g_state.cfg.fallback == Fallback::fail) return nullptr;
-  void* p = host_alloc(size, alignment, zero);
+  void* p = host_alloc(size, alignment, zero, g_state.host_fallbacks);
   if (p != nullptr && !g_state.warned_fallback.exchange(true)) {
+    std::snprintf(g_state.fallback_reason, sizeof g_state.fallback_reason, "%.250s", why);
     char line[512];
     std::snprintf(line, sizeof line,
                   "mnemosyne: the %s backend could not serve a request (%.256s); "
@@ -229,7 +232,7 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   const int saved_errno = errno;
   // The driver is calling malloc (inside a call of ours, or on a thread it
   // started during one): asking it for memory now could deadlock.
-  if (in_driver_call()) return host_alloc(size, alignment, zero);
+  if (in_driver_call()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
 
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;
@@ -274,6 +277,10 @@ void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   return p;
 }
 
+const char* fallback_reason() noexcept {
+  return g_state.fallback_reason;
+}
+
 void stats(Stats* out) noexcept {
   out->segments = static_cast<std::uint64_t>(g_state.arenas);
   out->dedicated_live = g_state.dedicated_live.load(std::memory_order_relaxed);
@@ -282,6 +289,7 @@ void stats(Stats* out) noexcept {
     out->bytes_reserved[i] = g_state.reserved[i].load(std::memory_order_relaxed);
   }
   out->host_fallbacks = g_state.host_fallbacks.load(std::memory_order_relaxed);
+  out->driver_allocations = g_state.driver_allocations.load(std::memory_order_relaxed);
   out->grow_waits_timed_out = g_state.grow_waits_timed_out.load(std::memory_order_relaxed);
   out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
 }

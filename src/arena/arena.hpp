@@ -122,10 +122,16 @@ struct Stats {
   std::uint64_t dedicated_live = 0;                  // dedicated blocks live now
   std::uint64_t dedicated_total = 0;                 // dedicated blocks served
   std::uint64_t bytes_reserved[kBackendCount] = {};  // per backend, arenas + dedicated
-  std::uint64_t host_fallbacks = 0;                  // allocations served by the host heap
+  std::uint64_t host_fallbacks =
+      0;  // requests the backend could not serve, served by the host heap
+  std::uint64_t driver_allocations = 0;  // the driver's own requests that needed new memory
   std::uint64_t grow_waits_timed_out = 0;
   std::uint64_t fork_bytes_copied = 0;
 };
 void stats(Stats* out) noexcept;
+
+// Why the first request went to the host heap instead of the backend; ""
+// when none did.
+const char* fallback_reason() noexcept;
 
 }  // namespace mnemosyne::arena

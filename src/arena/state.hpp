@@ -20,6 +20,7 @@ struct State {
   std::atomic<bool> exhausted{false};               // the backend said no; do not ask again
   char exhausted_reason[256] = {};
   std::atomic<bool> warned_fallback{false};
+  char fallback_reason[256] = {};  // written once, by the first fallback
   pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
   int arenas = 0;                     // under grow_lock
   std::size_t next_arena_size = 0;    // under grow_lock
@@ -30,6 +31,7 @@ struct State {
   std::atomic<std::uint64_t> dedicated_live{0};
   std::atomic<std::uint64_t> dedicated_total{0};
   std::atomic<std::uint64_t> host_fallbacks{0};
+  std::atomic<std::uint64_t> driver_allocations{0};
   std::atomic<std::uint64_t> grow_waits_timed_out{0};
   std::atomic<std::uint64_t> fork_bytes_copied{0};
 };

@@ -124,14 +124,18 @@ bool resolve_all(Resolver& r) noexcept {
   // clang-format on
 }
 
+constinit char g_driver_path[512] = {};
+constinit bool g_driver_path_set = false;
+
 void* open_driver() noexcept {
-  const char* override_path = secure_getenv("MNEMOSYNE_CUDA_DRIVER");
+  const char* override_path =
+      g_driver_path_set ? g_driver_path : secure_getenv("MNEMOSYNE_CUDA_DRIVER");
   if (override_path != nullptr && override_path[0] != '\0') {
     std::snprintf(g_info.path, sizeof g_info.path, "%s", override_path);
     void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* err = dlerror();
-      std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load MNEMOSYNE_CUDA_DRIVER=%s: %s",
+      std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load MNEMOSYNE_CUDA_DRIVER=%.200s: %.250s",
                     override_path, err != nullptr ? err : "dlopen failed");
     }
     return h;
@@ -210,6 +214,14 @@ const DriverApi* driver_api() noexcept {
   if (s == static_cast<int>(DriverState::ready)) return &g_api;
   if (s == static_cast<int>(DriverState::unavailable)) return nullptr;
   return driver_api_slow();
+}
+
+void set_driver_path(const char* path) noexcept {
+  if (g_state.load(std::memory_order_acquire) != static_cast<int>(DriverState::uninitialized)) {
+    return;
+  }
+  std::snprintf(g_driver_path, sizeof g_driver_path, "%s", path != nullptr ? path : "");
+  g_driver_path_set = path != nullptr && path[0] != '\0';
 }
 
 DriverState driver_state() noexcept {

@@ -25,6 +25,11 @@ enum class DriverState : int { uninitialized = 0, initializing, ready, unavailab
 // for a load in progress: it returns nullptr unless the driver is ready.
 const DriverApi* driver_api() noexcept;
 
+// Names the driver library to open instead of reading MNEMOSYNE_CUDA_DRIVER
+// (the caller has read its options already, and applies the set-uid rule).
+// Effective only before the first load; "" restores the default search.
+void set_driver_path(const char* path) noexcept;
+
 // The current state, without triggering a load.
 DriverState driver_state() noexcept;
 

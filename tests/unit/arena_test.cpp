@@ -36,7 +36,9 @@ void* counting_memalign(std::size_t a, std::size_t n) {
   return posix_memalign(&p, a, n) == 0 ? p : nullptr;
 }
 std::atomic<int> g_warnings{0};
-void count_warning(const char*) { g_warnings++; }
+void count_warning(const char*) {
+  g_warnings++;
+}
 
 arena::Config config(BackendId backend) {
   arena::Config cfg;
@@ -46,18 +48,27 @@ arena::Config config(BackendId backend) {
   return cfg;
 }
 
+// Frees a block from arena::alloc: the arena's, or the host heap's (tag 0).
+void release(void* p) {
+  if (owner_tag(p) != 0) {
+    arena::free(p, owner_tag(p));
+  } else {
+    std::free(p);
+  }
+}
+
 bool start_arena(const arena::Config& cfg, arena::StartReport* report = nullptr) {
   arena::StartReport local;
   return arena::start(cfg, report != nullptr ? report : &local);
 }
 
 // Runs `body` in a fresh process; it must return normally (exit 0).
-#define IN_FRESH_PROCESS(body)                                          \
-  EXPECT_EXIT(                                                          \
-      {                                                                 \
-        body;                                                           \
-        std::exit(::testing::Test::HasFailure() ? 1 : 0);               \
-      },                                                                \
+#define IN_FRESH_PROCESS(body)                            \
+  EXPECT_EXIT(                                            \
+      {                                                   \
+        body;                                             \
+        std::exit(::testing::Test::HasFailure() ? 1 : 0); \
+      },                                                  \
       ::testing::ExitedWithCode(0), "")
 
 TEST(Arena, BlocksLandInDriverMemory) {
@@ -211,6 +222,7 @@ TEST(Arena, LimitReachedFallsBackToHostOnce) {
     for (int i = 0; i < 100; ++i) blocks.push_back(arena::alloc(4 * kMiB));
     for (void* p : blocks) ASSERT_NE(p, nullptr);
     EXPECT_GT(g_host_calls.load(), 0) << "past the limit, the host heap serves";
+    for (void* p : blocks) release(p);
     EXPECT_EQ(g_warnings.load(), 1) << "one warning line, not one per request";
     arena::Stats s;
     arena::stats(&s);
@@ -225,7 +237,13 @@ TEST(Arena, LimitWithFailPolicyReturnsNull) {
     cfg.fallback = arena::Fallback::fail;
     ASSERT_TRUE(start_arena(cfg));
     int nulls = 0;
-    for (int i = 0; i < 100; ++i) nulls += arena::alloc(4 * kMiB) == nullptr;
+    std::vector<void*> blocks;
+    for (int i = 0; i < 100; ++i) {
+      void* p = arena::alloc(4 * kMiB);
+      nulls += p == nullptr;
+      if (p != nullptr) blocks.push_back(p);
+    }
+    for (void* p : blocks) release(p);
     EXPECT_GT(nulls, 0);
     EXPECT_EQ(g_host_calls.load(), 0);
   });
@@ -242,6 +260,7 @@ TEST(Arena, DriverThreadsNeverMakeTheArenaCallTheDriver) {
       std::vector<void*> blocks;
       for (int i = 0; i < 64; ++i) blocks.push_back(arena::alloc(4 * kMiB));  // beyond 64 MiB
       for (void* p : blocks) EXPECT_NE(p, nullptr);
+      for (void* p : blocks) release(p);
       EXPECT_EQ(fake->counters().alloc_managed, before.alloc_managed)
           << "a driver-owned thread made the arena call the driver";
       EXPECT_GT(g_host_calls.load(), 0);

@@ -1,0 +1,165 @@
+#include "stats/report.hpp"
+
+#include <cstdarg>
+#include <cstdint>
+#include <cstdio>
+
+#include "arena/arena.hpp"
+#include "backend/counters.hpp"
+#include "stats/counters.hpp"
+
+namespace mnemosyne::stats {
+namespace {
+
+// Appends formatted text to a fixed buffer, remembering the full length.
+class Writer {
+ public:
+  Writer(char* buf, std::size_t len) noexcept : buf_(buf), len_(len) {
+    if (len_ > 0) buf_[0] = '\0';
+  }
+  __attribute__((format(printf, 2, 3))) void put(const char* fmt, ...) noexcept {
+    va_list args;
+    va_start(args, fmt);
+    const std::size_t room = used_ < len_ ? len_ - used_ : 0;
+    const int n = std::vsnprintf(room > 0 ? buf_ + used_ : nullptr, room, fmt, args);
+    va_end(args);
+    if (n > 0) used_ += static_cast<std::size_t>(n);
+  }
+  // A JSON string body: quotes, backslashes and control characters escaped.
+  void json_string(const char* s) noexcept {
+    put("\"");
+    for (; *s != '\0'; ++s) {
+      const auto c = static_cast<unsigned char>(*s);
+      if (c == '"' || c == '\\') {
+        put("\\%c", c);
+      } else if (c < 0x20) {
+        put("\\u%04x", c);
+      } else {
+        put("%c", c);
+      }
+    }
+    put("\"");
+  }
+  std::size_t used() const noexcept { return used_; }
+
+ private:
+  char* buf_;
+  std::size_t len_;
+  std::size_t used_ = 0;
+};
+
+struct Pool {
+  const char* name;
+  PoolTotals counts;
+  std::uint64_t segments;
+  std::uint64_t reserved;
+  std::uint64_t driver_calls;
+  std::uint64_t driver_failures;
+  double driver_ms;
+  std::uint64_t advice_failures;
+};
+
+// Every pool worth reporting: the system allocator always, a backend when it
+// served, reserved or called anything, or was the one asked for.
+int collect(const ReportContext& ctx, Pool pools[kPools]) noexcept {
+  PoolTotals counts[kPools];
+  totals(counts);
+  arena::Stats a;
+  arena::stats(&a);
+  int n = 0;
+  for (int i = 1; i < kPools; ++i) {
+    const auto id = static_cast<BackendId>(i);
+    const BackendCounters& c = backend_counters(id);
+    Pool p{backend_name(id),
+           counts[i],
+           c.allocations.load(std::memory_order_relaxed),
+           a.bytes_reserved[i],
+           c.driver_calls.load(std::memory_order_relaxed),
+           c.driver_failures.load(std::memory_order_relaxed),
+           static_cast<double>(c.driver_ns.load(std::memory_order_relaxed)) / 1e6,
+           c.advice_failures.load(std::memory_order_relaxed)};
+    if (id == ctx.requested || p.counts.allocations != 0 || p.reserved != 0 ||
+        p.driver_calls != 0) {
+      pools[n++] = p;
+    }
+  }
+  pools[n++] = Pool{"system", counts[kSystemPool], 0, 0, 0, 0, 0.0, 0};
+  return n;
+}
+
+}  // namespace
+
+std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
+  Pool pools[kPools];
+  const int n = collect(ctx, pools);
+  arena::Stats a;
+  arena::stats(&a);
+  Writer w(buf, len);
+  w.put("{\n  \"schema\": \"mnemosyne-stats/1\",\n  \"pid\": %ld,\n  \"program\": ", ctx.pid);
+  w.json_string(ctx.program);
+  w.put(",\n  \"requested_backend\": \"%s\",\n  \"active_backend\": \"%s\",\n",
+        backend_name(ctx.requested), backend_name(arena::active_backend()));
+  w.put("  \"device\": %d,\n  \"counting\": %s,\n", ctx.device, ctx.counting ? "true" : "false");
+  w.put("  \"size_range\": {\"min\": %zu, \"max\": %zu},\n", ctx.size_min, ctx.size_max);
+  w.put("  \"limit\": %zu,\n  \"fallback\": \"%s\",\n  \"pools\": {\n", ctx.limit, ctx.fallback);
+  for (int i = 0; i < n; ++i) {
+    const Pool& p = pools[i];
+    w.put("    \"%s\": {\n", p.name);
+    w.put("      \"allocations\": %llu, \"frees\": %llu,\n",
+          static_cast<unsigned long long>(p.counts.allocations),
+          static_cast<unsigned long long>(p.counts.frees));
+    w.put("      \"bytes_requested\": %llu, \"bytes_live\": %lld, \"bytes_peak\": %llu,\n",
+          static_cast<unsigned long long>(p.counts.bytes_requested),
+          static_cast<long long>(p.counts.bytes_live),
+          static_cast<unsigned long long>(p.counts.bytes_peak));
+    w.put("      \"segments\": %llu, \"bytes_reserved\": %llu,\n",
+          static_cast<unsigned long long>(p.segments), static_cast<unsigned long long>(p.reserved));
+    w.put("      \"driver_calls\": %llu, \"driver_failures\": %llu, \"driver_ms\": %.3f,\n",
+          static_cast<unsigned long long>(p.driver_calls),
+          static_cast<unsigned long long>(p.driver_failures), p.driver_ms);
+    w.put("      \"advice_failures\": %llu\n    }%s\n",
+          static_cast<unsigned long long>(p.advice_failures), i + 1 < n ? "," : "");
+  }
+  w.put("  },\n  \"fallbacks\": {\"count\": %llu, \"reason\": ",
+        static_cast<unsigned long long>(a.host_fallbacks));
+  w.json_string(arena::fallback_reason());
+  w.put("},\n  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu\n}\n",
+        static_cast<unsigned long long>(a.driver_allocations),
+        static_cast<unsigned long long>(a.fork_bytes_copied));
+  return w.used();
+}
+
+std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
+  Pool pools[kPools];
+  const int n = collect(ctx, pools);
+  arena::Stats a;
+  arena::stats(&a);
+  Writer w(buf, len);
+  w.put("mnemosyne: pid %ld (%s), backend %s (active %s), device %d\n", ctx.pid, ctx.program,
+        backend_name(ctx.requested), backend_name(arena::active_backend()), ctx.device);
+  w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s %5s %14s %7s %10s\n", "pool", "allocs", "frees",
+        "requested", "live", "peak", "segs", "reserved", "calls", "driver ms");
+  for (int i = 0; i < n; ++i) {
+    const Pool& p = pools[i];
+    if (ctx.counting) {
+      w.put("mnemosyne: %-8s %12llu %12llu %14llu %14lld %14llu", p.name,
+            static_cast<unsigned long long>(p.counts.allocations),
+            static_cast<unsigned long long>(p.counts.frees),
+            static_cast<unsigned long long>(p.counts.bytes_requested),
+            static_cast<long long>(p.counts.bytes_live),
+            static_cast<unsigned long long>(p.counts.bytes_peak));
+    } else {
+      w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s", p.name, "-", "-", "-", "-", "-");
+    }
+    w.put(" %5llu %14llu %7llu %10.3f\n", static_cast<unsigned long long>(p.segments),
+          static_cast<unsigned long long>(p.reserved),
+          static_cast<unsigned long long>(p.driver_calls), p.driver_ms);
+  }
+  if (a.host_fallbacks != 0) {
+    w.put("mnemosyne: %llu requests fell back to the system allocator: %s\n",
+          static_cast<unsigned long long>(a.host_fallbacks), arena::fallback_reason());
+  }
+  return w.used();
+}
+
+}  // namespace mnemosyne::stats
