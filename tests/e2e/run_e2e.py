@@ -20,6 +20,7 @@ CHURN = os.environ["THREAD_CHURN"]
 DLOPEN_PROBE = os.environ["DLOPEN_PROBE"]
 CTOR_LIB = os.environ["CTOR_LIB"]
 LAUNCHER = os.environ.get("MNEMOSYNE_LAUNCHER", "")
+SIZE_ROUTE_PROBE = os.environ.get("SIZE_ROUTE_PROBE", "")
 PYTHON = "/usr/bin/python3"
 TIMEOUT = 240
 
@@ -393,6 +394,150 @@ def case_launcher(tmp, backend):
     expect(r.returncode == 7, f"launcher exit status {r.returncode}, expected 7: {r.stderr!r}")
     expect(r.stdout == b"hello\n", f"launcher stdout {r.stdout!r}")
     check_heap(parse_log(os.path.join(tmp, "fake.log")), backend, 0)
+
+
+# ---------------------------------------------------------------- options
+
+def case_size_routing(tmp, backend):
+    run = Run(tmp, backend, True, {"MNEMOSYNE_SIZE": "1K:64K"})
+    r = run([SIZE_ROUTE_PROBE])
+    expect(r.returncode == 0, f"size_route_probe failed: {r.stdout!r} {r.stderr!r}")
+    expect(r.stderr == b"", f"unexpected stderr: {r.stderr!r}")
+    want = (f"malloc(100) system\nmalloc(4096) {backend}\nmalloc(100000) system\n"
+            f"calloc(10, 200) {backend}\n"
+            f"realloc(4096 -> 200000) system, contents kept\n"
+            f"realloc(100 -> 8192) {backend}, contents kept\n")
+    expect(r.stdout.decode() == want, f"routing:\n{r.stdout.decode()}\nexpected:\n{want}")
+    # Python under a range keeps working, and its output is unchanged.
+    events, _, _ = twice(tmp, backend, [PYTHON, "-c", PY_WORKLOAD], "python3 with SIZE",
+                         extra_env={"MNEMOSYNE_SIZE": "256:1M"})
+    check_heap(events, backend, 0)
+
+
+def case_limit_fallback_host(tmp, backend):
+    events = fault_case(tmp, backend, {"MNEMOSYNE_LIMIT": "160MiB"},
+                        r"could not serve.*limit.*host memory", PY_HUNGRY)
+    total = sum(int(e["size"]) for e in events if e["event"] == "alloc")
+    expect(0 < total <= 160 << 20, f"{total} driver bytes taken under a 160 MiB limit")
+
+
+def case_limit_fallback_fail(tmp, backend):
+    run = Run(tmp, backend, True, {"MNEMOSYNE_LIMIT": "160MiB", "MNEMOSYNE_FALLBACK": "fail"})
+    r = run([PYTHON, "-c", PY_HUNGRY])
+    err = r.stderr.decode(errors="replace")
+    expect(r.returncode == 1 and "MemoryError" in err,
+           f"expected Python's MemoryError (exit 1), got {r.returncode}: {err[-800:]}")
+    expect(not any(l.startswith("mnemosyne:") for l in err.splitlines()),
+           f"FALLBACK=fail should not warn about host memory: {err[-800:]}")
+    total = sum(int(e["size"]) for e in parse_log(run.log) if e["event"] == "alloc")
+    expect(total <= 160 << 20, f"{total} driver bytes taken under a 160 MiB limit")
+
+
+def case_local_rank(tmp, backend):
+    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                "PMI_LOCAL_RANK", "SLURM_LOCALID"):
+        for rank, device in (("0", 0), ("3", 1), ("4", 0)):
+            log = os.path.join(tmp, f"fake-{var}-{rank}.log")
+            run = Run(tmp, "device", True, {"MNEMOSYNE_DEVICE": "local-rank", var: rank,
+                                            "FAKECUDA_DEVICES": "2", "FAKECUDA_LOG": log})
+            r = run([PYTHON, "-c", "print(sum(range(1000)))"])
+            expect(r.returncode == 0 and r.stderr == b"", f"{var}={rank}: {r.stderr!r}")
+            advice = [e for e in parse_log(log) if e["event"] == "advise"]
+            expect(advice and all(int(e["loc_id"]) == device for e in advice),
+                   f"{var}={rank} with 2 devices should advise device {device}: {advice[:2]}")
+
+
+STATS_KEYS = {"allocations", "frees", "bytes_requested", "bytes_live", "bytes_peak", "segments",
+              "bytes_reserved", "driver_calls", "driver_failures", "driver_ms", "advice_failures"}
+
+
+def validate_stats(doc):
+    """Checks a stats document against docs/stats-schema.md."""
+    expect(doc.get("schema") == "mnemosyne-stats/1", f"schema: {doc.get('schema')}")
+    for key, kind in (("pid", int), ("program", str), ("requested_backend", str),
+                      ("active_backend", str), ("device", int), ("counting", bool),
+                      ("size_range", dict), ("limit", int), ("fallback", str), ("pools", dict),
+                      ("fallbacks", dict), ("fork_bytes_copied", int)):
+        expect(isinstance(doc.get(key), kind), f"stats key {key} missing or not {kind.__name__}")
+    expect("system" in doc["pools"], "stats: no system pool")
+    for name, pool in doc["pools"].items():
+        expect(set(pool) == STATS_KEYS, f"pool {name} keys {sorted(pool)}")
+        for k, v in pool.items():
+            expect(isinstance(v, (int, float)) and not isinstance(v, bool), f"{name}.{k} = {v!r}")
+            expect(k == "bytes_live" or v >= 0, f"{name}.{k} negative")
+
+
+def case_stats_json(tmp, backend):
+    import json
+    pattern = os.path.join(tmp, "stats-%p.json")
+    run = Run(tmp, backend, True, {"MNEMOSYNE_STATS_FILE": pattern, "FAKECUDA_FAIL_ALLOC_AFTER": "2"})
+    r = run([PYTHON, "-c", PY_HUNGRY])
+    expect(r.returncode == 0, f"python failed: {r.stderr[-500:]!r}")
+    files = [f for f in os.listdir(tmp) if f.startswith("stats-")]
+    expect(len(files) == 1, f"expected one stats file, got {files}")
+    pid = int(files[0][len("stats-"):-len(".json")])
+    with open(os.path.join(tmp, files[0])) as f:
+        doc = json.load(f)
+    validate_stats(doc)
+    expect(doc["pid"] == pid and doc["program"] == "python3", f"pid/program {doc['pid']} {doc['program']}")
+    expect(doc["counting"] is True, "counting should be on with STATS_FILE")
+    events = [e for e in parse_log(run.log) if e["pid"] == pid]
+    allocs = [e for e in events if e["event"] == "alloc" and e["kind"] == "managed"]
+    fails = [e for e in events if e["event"] == "fail" and e["call"] == "cuMemAllocManaged"]
+    pool = doc["pools"][backend]
+    expect(pool["segments"] == len(allocs), f"segments {pool['segments']} vs driver log {len(allocs)}")
+    expect(pool["bytes_reserved"] == sum(int(e["size"]) for e in allocs),
+           f"bytes_reserved {pool['bytes_reserved']} vs driver log")
+    expect(pool["driver_failures"] == len(fails), f"driver_failures {pool['driver_failures']} vs {len(fails)}")
+    expect(pool["driver_calls"] == len(allocs) + len(fails),
+           f"driver_calls {pool['driver_calls']} vs {len(allocs) + len(fails)}")
+    expect(doc["fallbacks"]["count"] > 0 and doc["fallbacks"]["reason"], "fallbacks not reported")
+    expect(doc["pools"]["system"]["allocations"] >= doc["fallbacks"]["count"],
+           "system pool should count the fallbacks")
+    expect(pool["allocations"] >= 150 and pool["bytes_peak"] >= 64 << 20,
+           f"allocations/peak implausible: {pool}")
+
+
+def case_launcher_stats(tmp, backend):
+    import json
+    expect(LAUNCHER, "MNEMOSYNE_LAUNCHER not set")
+    log = os.path.join(tmp, "fake.log")
+    out = os.path.join(tmp, "s.json")
+    run = Run(tmp, backend, False, {"MNEMOSYNE_CUDA_DRIVER": FAKE, "FAKECUDA_LOG": log})
+    r = run([LAUNCHER, "run", "--backend", backend, "--stats", "--stats-file", out, "--",
+             PYTHON, "-c", "x = [bytes(5000) for i in range(20000)]; print(len(x))"])
+    expect(r.returncode == 0 and r.stdout == b"20000\n", f"launcher run: {r.returncode} {r.stderr!r}")
+    with open(out) as f:
+        doc = json.load(f)
+    validate_stats(doc)
+    table = [l for l in r.stderr.decode().splitlines() if l.startswith(f"mnemosyne: {backend} ")]
+    expect(len(table) == 1, f"no {backend} row in the table: {r.stderr!r}")
+    cols = table[0].split()
+    pool = doc["pools"][backend]
+    expect(int(cols[2]) == pool["allocations"] and int(cols[3]) == pool["frees"],
+           f"table {cols} disagrees with JSON {pool}")
+    expect(pool["allocations"] >= 20000, f"only {pool['allocations']} allocations counted")
+    expect(pool["segments"] == len([e for e in parse_log(log) if e["event"] == "alloc"]),
+           "table segments disagree with the driver log")
+
+
+def case_disable(tmp, backend):
+    events, _, mine = twice(tmp, backend, [PROBE], "alloc_probe with DISABLE",
+                            extra_env={"MNEMOSYNE_DISABLE": "1"})
+    expect(not events, f"DISABLE still loaded the driver: {events[:3]}")
+
+
+def case_bad_options(tmp, backend):
+    run = Run(tmp, backend, True, {"MNEMOSYNE_LIMIT": "12Q", "MNEMOSYNE_BAKEND": "host",
+                                   "mnemosyne_size": "5:3"})
+    r = run([PYTHON, "-c", "print('ok')"])
+    expect(r.returncode == 0 and r.stdout == b"ok\n", f"bad options broke the program: {r!r}")
+    lines = [l for l in r.stderr.decode().splitlines() if l.startswith("mnemosyne:")]
+    expect(len(lines) == 3, f"expected three warnings, got {lines}")
+    text = "\n".join(lines)
+    for needle in ("MNEMOSYNE_LIMIT=12Q", "default", "MNEMOSYNE_BAKEND", "mnemosyne_size=5:3"):
+        expect(needle in text, f"warnings do not mention {needle}: {lines}")
+    check_heap(parse_log(run.log), backend, 0)
 
 
 CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
