@@ -18,7 +18,7 @@ as_root() {
 packages=(
   build-essential g++ gcc meson ninja-build pkg-config
   libgtest-dev googletest
-  python3 git xz-utils coreutils
+  python3 python3-matplotlib git xz-utils coreutils
   clang-format
 )
 

@@ -1,0 +1,532 @@
+#!/usr/bin/python3
+"""Tests of the `mnemosyne` launcher: run, info, stats, help, install.
+
+Usage: test_cli.py [GROUP...] where GROUP is one of the TestCase classes
+below (RunTests, InfoTests, StatsTests, HelpTests, InstallTests); none runs
+them all. Paths come from the environment meson's test() sets (see
+meson.build); the MNEMOSYNE_TEST_ prefix is one the library ignores.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ENV = os.environ
+LAUNCHER = ENV["MNEMOSYNE_TEST_LAUNCHER"]
+INTERPOSER = ENV["MNEMOSYNE_TEST_INTERPOSER"]
+FAKE = ENV["MNEMOSYNE_TEST_FAKECUDA"]
+VERSION = ENV["MNEMOSYNE_TEST_VERSION"]
+PYTHON = "/usr/bin/python3"
+TIMEOUT = 60
+
+# Every option of the table, as flag -> (value given, variable, value expected).
+STATS_DIR = "@STATS_DIR@"  # replaced by a temporary directory
+ALL_FLAGS = [
+    ("--backend", "pinned", "MNEMOSYNE_BACKEND", "pinned"),
+    ("--device", "1", "MNEMOSYNE_DEVICE", "1"),
+    ("--size", "1M:64M", "MNEMOSYNE_SIZE", "1M:64M"),
+    ("--arena-size", "256MiB", "MNEMOSYNE_ARENA_SIZE", "256MiB"),
+    ("--limit", "8G", "MNEMOSYNE_LIMIT", "8G"),
+    ("--fallback", "fail", "MNEMOSYNE_FALLBACK", "fail"),
+    ("--verbose", None, "MNEMOSYNE_VERBOSE", "1"),
+    ("--stats", None, "MNEMOSYNE_SHOW_STATS", "1"),
+    ("--stats-file", STATS_DIR + "/s.%p.json", "MNEMOSYNE_STATS_FILE",
+     STATS_DIR + "/s.%p.json"),
+    ("--cuda-driver", FAKE, "MNEMOSYNE_CUDA_DRIVER", FAKE),
+    ("--disable", None, "MNEMOSYNE_DISABLE", "1"),
+]
+
+PRINT_ENV = ("import json, os; print(json.dumps({k: v for k, v in os.environ.items() "
+             "if k.startswith('MNEMOSYNE_') or k == 'LD_PRELOAD'}))")
+
+STATS_GOOD = {
+    "schema": "mnemosyne-stats/1",
+    "pid": 4242,
+    "program": "python3",
+    "requested_backend": "unified",
+    "active_backend": "unified",
+    "device": 0,
+    "counting": True,
+    "size_range": {"min": 0, "max": 18446744073709551615},
+    "limit": 0,
+    "fallback": "host",
+    "pools": {
+        "unified": {
+            "allocations": 1200, "frees": 1100,
+            "bytes_requested": 73400320, "bytes_live": 1048576, "bytes_peak": 9437184,
+            "segments": 2, "bytes_reserved": 201326592,
+            "driver_calls": 4, "driver_failures": 1, "driver_ms": 0.21,
+            "advice_failures": 0, "a_later_key": [1, {"x": None}],
+        },
+        "system": {
+            "allocations": 3, "frees": 1,
+            "bytes_requested": 4096, "bytes_live": 2048, "bytes_peak": 4096,
+            "segments": 0, "bytes_reserved": 0,
+            "driver_calls": 0, "driver_failures": 0, "driver_ms": 0.0,
+            "advice_failures": 0,
+        },
+    },
+    "fallbacks": {"count": 17, "reason": "the driver is out of memory"},
+    "fork_bytes_copied": 0,
+}
+
+
+def clean_env(**extra):
+    """The test's environment without MNEMOSYNE_*/FAKECUDA_*/LD_PRELOAD, plus extra."""
+    env = {k: v for k, v in ENV.items()
+           if not (k.startswith(("MNEMOSYNE_", "FAKECUDA_")) or k == "LD_PRELOAD")}
+    env["LC_ALL"] = "C"
+    env.update(extra)
+    return env
+
+
+def launch(args, env=None, cwd=None):
+    return subprocess.run([LAUNCHER] + args, env=env if env is not None else clean_env(),
+                          cwd=cwd, capture_output=True, text=True, timeout=TIMEOUT)
+
+
+def stderr_lines(r):
+    """stderr lines that come from the launcher (not from the library in COMMAND)."""
+    return [line for line in r.stderr.splitlines() if line.strip()]
+
+
+def matplotlib_missing():
+    r = subprocess.run([PYTHON, "-c", "import matplotlib"], capture_output=True, text=True)
+    return r.returncode != 0 and (r.stderr.strip().splitlines() or ["?"])[-1]
+
+
+class Base(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="mnemosyne-cli-")
+        self.addCleanup(shutil.rmtree, self.tmp, ignore_errors=True)
+
+    def assertUsageError(self, r, *needles):
+        self.assertEqual(r.returncode, 2, f"exit status; stderr: {r.stderr!r}")
+        lines = stderr_lines(r)
+        self.assertEqual(len(lines), 1, f"one line expected: {r.stderr!r}")
+        for needle in needles:
+            self.assertIn(needle, lines[0])
+        self.assertIn("--help", lines[0])
+
+
+class RunTests(Base):
+    def run_env(self, flags, env=None):
+        r = launch(["run"] + flags + ["--", PYTHON, "-c", PRINT_ENV], env=env)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout.strip().splitlines()[-1])
+
+    def test_every_flag_sets_its_variable(self):
+        for form in ("space", "equals"):
+            with self.subTest(form=form):
+                args, expected = [], {}
+                for flag, value, var, want in ALL_FLAGS:
+                    if value is not None:
+                        value = value.replace(STATS_DIR, self.tmp)
+                        args += [flag, value] if form == "space" else [f"{flag}={value}"]
+                    else:
+                        args.append(flag)
+                    expected[var] = want.replace(STATS_DIR, self.tmp)
+                got = self.run_env(args)
+                for var, want in expected.items():
+                    self.assertEqual(got.get(var), want, var)
+                self.assertEqual(got["LD_PRELOAD"], os.path.realpath(INTERPOSER))
+
+    def test_boolean_values(self):
+        got = self.run_env(["--verbose=no", "--stats=yes", "--disable=off",
+                            "--cuda-driver", FAKE])
+        self.assertEqual(got["MNEMOSYNE_VERBOSE"], "0")
+        self.assertEqual(got["MNEMOSYNE_SHOW_STATS"], "1")
+        self.assertEqual(got["MNEMOSYNE_DISABLE"], "0")
+
+    def test_relative_stats_file_is_made_absolute(self):
+        r = launch(["run", "--stats-file", "out.%p.json", "--disable", "--", PYTHON, "-c",
+                    PRINT_ENV], cwd=self.tmp)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(got["MNEMOSYNE_STATS_FILE"],
+                         os.path.join(os.path.realpath(self.tmp), "out.%p.json"))
+
+    def test_ld_preload_is_prepended(self):
+        other = os.path.join(self.tmp, "other.so")
+        got = self.run_env(["--disable"], env=clean_env(LD_PRELOAD=other))
+        self.assertEqual(got["LD_PRELOAD"], os.path.realpath(INTERPOSER) + ":" + other)
+
+    def test_unset_options_pass_through(self):
+        got = self.run_env(["--disable"], env=clean_env(MNEMOSYNE_BACKEND="host"))
+        self.assertEqual(got["MNEMOSYNE_BACKEND"], "host")
+        self.assertNotIn("MNEMOSYNE_DEVICE", got)
+        got = self.run_env(["--disable", "--backend=pinned"],
+                           env=clean_env(MNEMOSYNE_BACKEND="host"))
+        self.assertEqual(got["MNEMOSYNE_BACKEND"], "pinned")
+
+    def test_program_runs_under_the_backend(self):
+        r = launch(["run", "--backend", "pinned", "--cuda-driver", FAKE, "--", PYTHON, "-c",
+                    "import ctypes, sys; lib = ctypes.CDLL(None); "
+                    "lib.mnemosyne_active_backend.restype = ctypes.c_char_p; "
+                    "print(lib.mnemosyne_active_backend().decode()); sys.exit(7)"])
+        self.assertEqual(r.returncode, 7, r.stderr)
+        self.assertEqual(r.stdout.strip(), "pinned")
+
+    def test_exit_status(self):
+        self.assertEqual(launch(["run", "--", "/bin/sh", "-c", "exit 0"]).returncode, 0)
+        self.assertEqual(launch(["run", "--", "/bin/sh", "-c", "exit 7"]).returncode, 7)
+        self.assertEqual(launch(["run", "/bin/sh", "-c", "exit 3"]).returncode, 3)  # no "--"
+
+    def test_command_not_found(self):
+        for cmd in ("mnemosyne-no-such-command", os.path.join(self.tmp, "missing")):
+            r = launch(["run", "--", cmd])
+            self.assertEqual(r.returncode, 127, r.stderr)
+            lines = stderr_lines(r)
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn(cmd, lines[0])
+
+    def test_command_not_executable(self):
+        script = os.path.join(self.tmp, "not-executable")
+        with open(script, "w") as f:
+            f.write("#!/bin/sh\nexit 0\n")
+        os.chmod(script, 0o644)
+        for cmd in (script, self.tmp):
+            r = launch(["run", "--", cmd])
+            self.assertEqual(r.returncode, 126, r.stderr)
+            lines = stderr_lines(r)
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn(cmd, lines[0])
+
+    def test_usage_errors(self):
+        cases = [
+            (["--backend=quantum"], ["--backend=quantum", "unified"]),
+            (["--backend"], ["--backend", "needs a value"]),
+            (["--device", "x"], ["--device=x"]),
+            (["--device=-1"], ["--device=-1"]),
+            (["--device=4096"], ["--device=4096"]),
+            (["--size", "9:3"], ["--size=9:3"]),
+            (["--size=lots"], ["--size=lots"]),
+            (["--limit", "1Q"], ["--limit=1Q"]),
+            (["--arena-size=1M"], ["--arena-size=1M", "32MiB"]),
+            (["--fallback=maybe"], ["--fallback=maybe", "host or fail"]),
+            (["--verbose=perhaps"], ["--verbose=perhaps", "boolean"]),
+            (["--stats-file="], ["--stats-file"]),
+            (["--stats-file", "/nonexistent-dir/x.json"], ["/nonexistent-dir"]),
+            (["--cuda-driver", "/nonexistent/libcuda.so.1"], ["/nonexistent/libcuda.so.1"]),
+            (["--no-such-flag"], ["--no-such-flag"]),
+            (["-z"], ["-z"]),
+        ]
+        marker = os.path.join(self.tmp, "ran")
+        for args, needles in cases:
+            with self.subTest(args=args):
+                r = launch(["run"] + args + ["--", "/usr/bin/touch", marker])
+                self.assertUsageError(r, *needles)
+                self.assertFalse(os.path.exists(marker), "COMMAND must not run")
+        self.assertUsageError(launch(["run"]), "COMMAND")
+        self.assertUsageError(launch(["run", "--backend=host", "--"]), "COMMAND")
+
+    def test_local_rank_passes_through(self):
+        got = self.run_env(["--disable", "--device", "local-rank"])
+        self.assertEqual(got["MNEMOSYNE_DEVICE"], "local-rank")
+
+
+class InfoTests(Base):
+    BACKENDS = ["unified", "device", "hbm", "gddr", "pinned", "host"]
+
+    def test_fake_driver(self):
+        r = launch(["info"], env=clean_env(MNEMOSYNE_CUDA_DRIVER=FAKE))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout
+        self.assertIn(FAKE, out.splitlines()[0])
+        self.assertIn("devices: 2", out)
+        device_lines = [line for line in out.splitlines() if "compute capability" in line]
+        self.assertEqual(len(device_lines), 2, out)
+        for line in device_lines:
+            self.assertIn("concurrentManagedAccess=", line)
+            self.assertIn("pageableMemoryAccess=0", line)
+        for name in self.BACKENDS:
+            self.assertRegex(out, rf"(?m)^\s+{name}\s+works")
+        self.assertNotIn("not needed", out)
+
+    def test_pageable_memory_note(self):
+        r = launch(["info"], env=clean_env(MNEMOSYNE_CUDA_DRIVER=FAKE, FAKECUDA_PAGEABLE="1"))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("not needed for access", r.stdout)
+
+    def test_cuda_driver_flag(self):
+        r = launch(["info", "--cuda-driver", FAKE])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("devices: 2", r.stdout)
+
+    def test_no_driver(self):
+        r = launch(["info"], env=clean_env(MNEMOSYNE_CUDA_DRIVER="/nonexistent"))
+        self.assertEqual(r.returncode, 1)
+        lines = stderr_lines(r)
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("/nonexistent", lines[0])
+        self.assertIn("driver: none", r.stdout)
+
+    def test_json(self):
+        r = launch(["info", "--json"], env=clean_env(MNEMOSYNE_CUDA_DRIVER=FAKE))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        doc = json.loads(r.stdout)
+        self.assertEqual(doc["schema"], "mnemosyne-info/1")
+        self.assertTrue(doc["driver"]["available"])
+        self.assertEqual(doc["driver"]["path"], FAKE)
+        self.assertEqual(doc["device_count"], 2)
+        self.assertEqual([d["ordinal"] for d in doc["devices"]], [0, 1])
+        for d in doc["devices"]:
+            self.assertGreater(d["total_memory"], 0)
+            self.assertIsInstance(d["concurrent_managed_access"], bool)
+            self.assertIs(d["pageable_memory_access"], False)
+        self.assertEqual(list(doc["backends"]), self.BACKENDS)
+        for name in self.BACKENDS:
+            self.assertTrue(doc["backends"][name]["works"], name)
+        self.assertTrue(doc["ok"])
+        self.assertEqual(doc["reason"], "")
+
+    def test_json_no_driver(self):
+        r = launch(["info", "--json"], env=clean_env(MNEMOSYNE_CUDA_DRIVER="/nonexistent"))
+        self.assertEqual(r.returncode, 1)
+        doc = json.loads(r.stdout)
+        self.assertFalse(doc["ok"])
+        self.assertFalse(doc["driver"]["available"])
+        self.assertIn("/nonexistent", doc["reason"])
+        self.assertEqual(len(stderr_lines(r)), 1, r.stderr)
+
+    def test_usage_errors(self):
+        self.assertUsageError(launch(["info", "--frobnicate"]), "--frobnicate")
+        self.assertUsageError(launch(["info", "extra"]), "extra")
+
+
+class StatsTests(Base):
+    def write(self, name, content):
+        path = os.path.join(self.tmp, name)
+        with open(path, "w") as f:
+            f.write(content if isinstance(content, str) else json.dumps(content))
+        return path
+
+    def test_table(self):
+        path = self.write("good.json", STATS_GOOD)
+        r = launch(["stats", path])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        out = r.stdout
+        self.assertIn(path, out)
+        for pool in ("unified", "system"):
+            self.assertRegex(out, rf"(?m)^\s+{pool}\s")
+        unified = next(line for line in out.splitlines() if line.strip().startswith("unified"))
+        for number in ("1200", "1100", "73400320", "1048576", "9437184", "201326592", "0.210"):
+            self.assertIn(number, unified.split())
+        self.assertEqual(unified.split()[1:10],
+                         ["1200", "1100", "73400320", "1048576", "9437184", "2", "201326592",
+                          "4", "1"])
+        self.assertIn("17", out)  # fallbacks
+        self.assertIn("the driver is out of memory", out)
+
+    def test_several_files(self):
+        a = self.write("a.json", STATS_GOOD)
+        other = dict(STATS_GOOD, pid=99, pools={"pinned": dict(STATS_GOOD["pools"]["unified"],
+                                                               bytes_reserved=123456789)})
+        b = self.write("b.json", other)
+        r = launch(["stats", a, b])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn(a, r.stdout)
+        self.assertIn(b, r.stdout)
+        self.assertIn("123456789", r.stdout)
+
+    def test_unknown_schema(self):
+        path = self.write("v9.json", dict(STATS_GOOD, schema="mnemosyne-stats/9"))
+        r = launch(["stats", path])
+        self.assertEqual(r.returncode, 1)
+        lines = stderr_lines(r)
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn("mnemosyne-stats/9", lines[0])
+        self.assertIn("mnemosyne-stats/1", lines[0])
+
+    def test_invalid_files(self):
+        cases = {
+            "truncated.json": ('{"schema": "mnemosyne-stats/1", "pools": {', "not valid JSON"),
+            "array.json": ("[1, 2]", "not a mnemosyne statistics file"),
+            "noschema.json": ('{"pools": {}}', "schema"),
+            "badcount.json": (json.dumps(dict(STATS_GOOD, pools={"unified": {"frees": "x"}})),
+                              "pools.unified.frees"),
+        }
+        for name, (content, needle) in cases.items():
+            with self.subTest(file=name):
+                path = self.write(name, content)
+                r = launch(["stats", path])
+                self.assertEqual(r.returncode, 1, r.stderr)
+                lines = stderr_lines(r)
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn(path, lines[0])
+                self.assertIn(needle, lines[0])
+        r = launch(["stats", os.path.join(self.tmp, "absent.json")])
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("absent.json", r.stderr)
+
+    def test_usage_errors(self):
+        self.assertUsageError(launch(["stats"]), "FILE")
+        self.assertUsageError(launch(["stats", "--plot"]), "--plot")
+        self.assertUsageError(launch(["stats", "--bar", "x.json"]), "--bar")
+
+    def test_plot(self):
+        missing = matplotlib_missing()
+        if missing:
+            print(f"skipping test_plot: {PYTHON} cannot import matplotlib ({missing}); "
+                  "install python3-matplotlib", file=sys.stderr)
+            self.skipTest("matplotlib is not importable")
+        path = self.write("good.json", STATS_GOOD)
+        png = os.path.join(self.tmp, "out.png")
+        r = launch(["stats", path, "--plot", png], env=clean_env(MPLCONFIGDIR=self.tmp))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        with open(png, "rb") as f:
+            self.assertEqual(f.read(8), b"\x89PNG\r\n\x1a\n")
+        self.assertGreater(os.path.getsize(png), 1000)
+
+    def test_plot_without_matplotlib(self):
+        # A matplotlib that cannot be imported, first on the path.
+        fake = os.path.join(self.tmp, "fake-site", "matplotlib")
+        os.makedirs(fake)
+        with open(os.path.join(fake, "__init__.py"), "w") as f:
+            f.write("raise ImportError('No module named matplotlib (test double)')\n")
+        path = self.write("good.json", STATS_GOOD)
+        png = os.path.join(self.tmp, "out.png")
+        r = launch(["stats", "--plot=" + png, path],
+                   env=clean_env(PYTHONPATH=os.path.dirname(fake), MPLCONFIGDIR=self.tmp))
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("python3-matplotlib", r.stderr)
+        self.assertFalse(os.path.exists(png))
+
+
+class HelpTests(Base):
+    COMMANDS = [[], ["run"], ["info"], ["stats"]]
+
+    def test_help_everywhere(self):
+        for cmd in self.COMMANDS:
+            for flag in ("--help", "-h"):
+                with self.subTest(cmd=cmd, flag=flag):
+                    r = launch(cmd + [flag])
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    for section in ("NAME", "SYNOPSIS", "DESCRIPTION", "OPTIONS", "ENVIRONMENT",
+                                    "EXIT STATUS"):
+                        self.assertRegex(r.stdout, rf"(?m)^{section}$")
+                    self.assertEqual(r.stderr, "")
+        for cmd in ("run", "info", "stats"):
+            self.assertEqual(launch(["help", cmd]).stdout, launch([cmd, "--help"]).stdout)
+
+    def test_version_everywhere(self):
+        for cmd in self.COMMANDS:
+            with self.subTest(cmd=cmd):
+                r = launch(cmd + ["--version"])
+                self.assertEqual(r.returncode, 0, r.stderr)
+                self.assertEqual(r.stdout, f"mnemosyne {VERSION}\n")
+
+    def test_run_help_lists_every_option(self):
+        out = launch(["run", "--help"]).stdout
+        flat = " ".join(out.split())
+        for flag, value, var, _ in ALL_FLAGS:
+            self.assertRegex(out, rf"(?m)^    {flag}[ \[]")
+            self.assertIn("Sets " + var + ".", flat)
+        self.assertEqual(out.count("Default:"), len(ALL_FLAGS))
+        self.assertEqual(out.count("Example:"), len(ALL_FLAGS))
+        for status in ("125", "126", "127"):
+            self.assertRegex(out, rf"(?m)^    {status}\s")
+
+    def test_info_help_documents_json_keys(self):
+        out = launch(["info", "--help"]).stdout
+        for key in ("schema", "driver.available", "devices[]", "backends.<name>", "ok",
+                    "reason", "pageable_memory_access_everywhere"):
+            self.assertIn(key, out)
+
+    def test_help_lines_fit(self):
+        for cmd in self.COMMANDS:
+            out = launch(cmd + ["--help"]).stdout
+            long_lines = [line for line in out.splitlines()
+                          if len(line) > 80 and " " in line.strip()]
+            self.assertEqual(long_lines, [], f"{cmd}: lines over 80 columns")
+
+    def test_unknown_commands_and_options(self):
+        self.assertUsageError(launch(["frobnicate"]), "frobnicate")
+        self.assertUsageError(launch(["--frobnicate"]), "--frobnicate")
+        self.assertUsageError(launch([]), "command")
+        self.assertUsageError(launch(["help", "frobnicate"]), "frobnicate")
+
+
+class InstallTests(Base):
+    def test_install(self):
+        build = ENV.get("MNEMOSYNE_TEST_BUILD_ROOT", "")
+        meson = ENV.get("MNEMOSYNE_TEST_MESON", "")
+        if not build or not meson:
+            self.skipTest("MNEMOSYNE_TEST_BUILD_ROOT or MNEMOSYNE_TEST_MESON not set")
+        prefix = ENV["MNEMOSYNE_TEST_PREFIX"]
+        libdir = ENV["MNEMOSYNE_TEST_LIBDIR"]
+        bindir = ENV["MNEMOSYNE_TEST_BINDIR"]
+        includedir = ENV["MNEMOSYNE_TEST_INCLUDEDIR"]
+        datadir = ENV["MNEMOSYNE_TEST_DATADIR"]
+
+        # `meson install` writes meson-logs/install-log.txt next to
+        # meson-private/ (resolved through links). A shadow of the build
+        # directory made of links, with real meson-private/ and meson-logs/
+        # directories, keeps every write inside the temporary directory.
+        shadow = os.path.join(self.tmp, "build")
+        os.makedirs(os.path.join(shadow, "meson-logs"))
+        os.makedirs(os.path.join(shadow, "meson-private"))
+        for entry in os.listdir(build):
+            if entry not in ("meson-logs", "meson-private"):
+                os.symlink(os.path.join(build, entry), os.path.join(shadow, entry))
+        private = os.path.join(build, "meson-private")
+        for entry in os.listdir(private):
+            os.symlink(os.path.join(private, entry), os.path.join(shadow, "meson-private", entry))
+
+        build_log = os.path.join(build, "meson-logs", "install-log.txt")
+        log_before = os.stat(build_log).st_mtime_ns if os.path.exists(build_log) else None
+
+        dest = os.path.join(self.tmp, "dest")
+        r = subprocess.run([meson, "install", "-C", shadow, "--no-rebuild", "--destdir", dest,
+                            "--skip-subprojects", "--quiet"],
+                           env=clean_env(), capture_output=True, text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+
+        def under(d, *rest):
+            d = d if os.path.isabs(d) else os.path.join(prefix, d)
+            return os.path.join(dest + d, *rest)
+
+        exe = under(bindir, "mnemosyne")
+        lib = under(libdir, "libmnemosyne.so")
+        header = under(includedir, "mnemosyne.h")
+        pc = under(libdir, "pkgconfig", "mnemosyne.pc")
+        script = under(datadir, "mnemosyne", "plot_stats.py")
+        for path in (exe, lib, header, pc, script):
+            self.assertTrue(os.path.isfile(path), f"{path} not installed")
+        self.assertTrue(os.access(exe, os.X_OK))
+        with open(pc) as f:
+            text = f.read()
+        self.assertRegex(text, r"(?m)^Libs: .*-lmnemosyne")
+        self.assertRegex(text, r"(?m)^Cflags: .*-I\$\{includedir\}")
+        self.assertIn("preload", text.lower())
+
+        r = subprocess.run([exe, "run", "--cuda-driver", FAKE, "--", PYTHON, "-c",
+                            "import os; print(os.environ['LD_PRELOAD']); print('ran')"],
+                           env=clean_env(), capture_output=True, text=True, timeout=TIMEOUT)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        preload, ran = r.stdout.splitlines()[-2:]
+        self.assertEqual(preload, os.path.realpath(lib))
+        self.assertEqual(ran, "ran")
+
+        # The installed launcher's help names the installed library too.
+        r = subprocess.run([exe, "run", "--help"], env=clean_env(), capture_output=True,
+                           text=True, timeout=TIMEOUT)
+        self.assertIn(os.path.realpath(lib), r.stdout.replace("\n    ", " ").replace("\n", ""))
+        log_after = os.stat(build_log).st_mtime_ns if os.path.exists(build_log) else None
+        self.assertEqual(log_before, log_after, "meson install wrote into the build directory")
+        self.assertTrue(os.path.isfile(os.path.join(shadow, "meson-logs", "install-log.txt")))
+
+
+if __name__ == "__main__":
+    groups = sys.argv[1:]
+    loader = unittest.TestLoader()
+    module = sys.modules[__name__]
+    if groups:
+        suite = unittest.TestSuite(loader.loadTestsFromName(g, module) for g in groups)
+    else:
+        suite = loader.loadTestsFromModule(module)
+    result = unittest.TextTestRunner(verbosity=2).run(suite)
+    sys.exit(0 if result.wasSuccessful() else 1)
