@@ -42,6 +42,11 @@ PY
 }
 
 status=0
+echo "== format (clang-format, .clang-format)"
+if ! clang-format --dry-run --Werror $(git ls-files '*.cpp' '*.hpp' '*.h'); then
+  echo "format: run clang-format -i on the files above"
+  status=1
+fi
 echo "== build (release)"
 configure build
 ninja -C build

@@ -13,13 +13,20 @@ inline constexpr int kBackendCount = 7;  // including `none`
 
 constexpr const char* backend_name(BackendId id) noexcept {
   switch (id) {
-    case BackendId::host: return "host";
-    case BackendId::unified: return "unified";
-    case BackendId::device: return "device";
-    case BackendId::hbm: return "hbm";
-    case BackendId::gddr: return "gddr";
-    case BackendId::pinned: return "pinned";
-    case BackendId::none: break;
+    case BackendId::host:
+      return "host";
+    case BackendId::unified:
+      return "unified";
+    case BackendId::device:
+      return "device";
+    case BackendId::hbm:
+      return "hbm";
+    case BackendId::gddr:
+      return "gddr";
+    case BackendId::pinned:
+      return "pinned";
+    case BackendId::none:
+      break;
   }
   return "none";
 }

@@ -111,13 +111,19 @@ static_assert(MemoryBackend<Host>);
 template <class F>
 decltype(auto) with_backend(BackendId id, F&& f) {
   switch (id) {
-    case BackendId::unified: return f.template operator()<CudaUnified>();
-    case BackendId::device: return f.template operator()<CudaDevice>();
-    case BackendId::hbm: return f.template operator()<CudaHbm>();
-    case BackendId::gddr: return f.template operator()<CudaGddr>();
-    case BackendId::pinned: return f.template operator()<CudaHostPinned>();
+    case BackendId::unified:
+      return f.template operator()<CudaUnified>();
+    case BackendId::device:
+      return f.template operator()<CudaDevice>();
+    case BackendId::hbm:
+      return f.template operator()<CudaHbm>();
+    case BackendId::gddr:
+      return f.template operator()<CudaGddr>();
+    case BackendId::pinned:
+      return f.template operator()<CudaHostPinned>();
     case BackendId::host:
-    case BackendId::none: break;
+    case BackendId::none:
+      break;
   }
   return f.template operator()<Host>();
 }

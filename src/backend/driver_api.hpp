@@ -13,22 +13,22 @@ struct DriverApi {
   PFN_cuDeviceGetCount_v2000 cuDeviceGetCount;
   PFN_cuDeviceGet_v2000 cuDeviceGet;
   PFN_cuDeviceGetName_v2000 cuDeviceGetName;
-  PFN_cuDeviceTotalMem_v3020 cuDeviceTotalMem;           // cuDeviceTotalMem_v2
+  PFN_cuDeviceTotalMem_v3020 cuDeviceTotalMem;  // cuDeviceTotalMem_v2
   PFN_cuDeviceGetAttribute_v2000 cuDeviceGetAttribute;
   PFN_cuDevicePrimaryCtxRetain_v7000 cuDevicePrimaryCtxRetain;
   PFN_cuDevicePrimaryCtxRelease_v11000 cuDevicePrimaryCtxRelease;  // _v2
-  PFN_cuCtxPushCurrent_v4000 cuCtxPushCurrent;           // cuCtxPushCurrent_v2
-  PFN_cuCtxPopCurrent_v4000 cuCtxPopCurrent;             // cuCtxPopCurrent_v2
+  PFN_cuCtxPushCurrent_v4000 cuCtxPushCurrent;                     // cuCtxPushCurrent_v2
+  PFN_cuCtxPopCurrent_v4000 cuCtxPopCurrent;                       // cuCtxPopCurrent_v2
   PFN_cuCtxGetCurrent_v4000 cuCtxGetCurrent;
-  PFN_cuCtxCreate_v12050 cuCtxCreate;                    // cuCtxCreate_v4
-  PFN_cuCtxDestroy_v4000 cuCtxDestroy;                   // cuCtxDestroy_v2
+  PFN_cuCtxCreate_v12050 cuCtxCreate;   // cuCtxCreate_v4
+  PFN_cuCtxDestroy_v4000 cuCtxDestroy;  // cuCtxDestroy_v2
   PFN_cuMemAllocManaged_v6000 cuMemAllocManaged;
-  PFN_cuMemFree_v3020 cuMemFree;                         // cuMemFree_v2 (64-bit pointer)
-  PFN_cuMemAdvise_v12020 cuMemAdvise;                    // cuMemAdvise_v2 (CUmemLocation)
+  PFN_cuMemFree_v3020 cuMemFree;       // cuMemFree_v2 (64-bit pointer)
+  PFN_cuMemAdvise_v12020 cuMemAdvise;  // cuMemAdvise_v2 (CUmemLocation)
   PFN_cuMemHostAlloc_v2020 cuMemHostAlloc;
   PFN_cuMemFreeHost_v2000 cuMemFreeHost;
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute;
-  PFN_cuGetErrorName_v6000 cuGetErrorName;               // optional: may be null
+  PFN_cuGetErrorName_v6000 cuGetErrorName;  // optional: may be null
 };
 
 }  // namespace mnemosyne

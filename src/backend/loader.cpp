@@ -135,8 +135,9 @@ void* open_driver() noexcept {
     void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
     if (h == nullptr) {
       const char* err = dlerror();
-      std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load MNEMOSYNE_CUDA_DRIVER=%.200s: %.250s",
-                    override_path, err != nullptr ? err : "dlopen failed");
+      std::snprintf(g_info.reason, sizeof g_info.reason,
+                    "cannot load MNEMOSYNE_CUDA_DRIVER=%.200s: %.250s", override_path,
+                    err != nullptr ? err : "dlopen failed");
     }
     return h;
   }

@@ -35,11 +35,11 @@ DriverState driver_state() noexcept;
 
 // What the load found, valid once driver_state() is ready or unavailable.
 struct DriverInfo {
-  char path[512];     // the library that was opened, or the last one tried
-  int version;        // cuDriverGetVersion, 0 when unknown
-  int device_count;   // cuDeviceGetCount, 0 when unknown
+  char path[512];        // the library that was opened, or the last one tried
+  int version;           // cuDriverGetVersion, 0 when unknown
+  int device_count;      // cuDeviceGetCount, 0 when unknown
   CUresult init_result;  // cuInit's result, CUDA_SUCCESS when it succeeded
-  char reason[512];   // why the driver is unavailable; empty when ready
+  char reason[512];      // why the driver is unavailable; empty when ready
 };
 const DriverInfo& driver_info() noexcept;
 

@@ -114,6 +114,14 @@ void semantics() {
   check(ra == nullptr && errno == ENOMEM, "reallocarray overflow returns NULL with ENOMEM");
   free(r);
 
+  // glibc's extensions answer sensibly (their figures differ between
+  // allocators; only their consistency is printed).
+  struct mallinfo2 info = mallinfo2();
+  check(info.uordblks <= info.arena || info.arena == 0, "mallinfo2: in use <= arena");
+  check(mallopt(M_MMAP_THRESHOLD, 1 << 20) == 1, "mallopt accepts M_MMAP_THRESHOLD");
+  const int trimmed = malloc_trim(0);
+  check(trimmed == 0 || trimmed == 1, "malloc_trim returns 0 or 1");
+
   Wide* w = new Wide;
   Wide* wa = new Wide[3];
   check(aligned_to(w, 256) && aligned_to(wa, 256), "new of an alignas(256) type is 256-aligned");

@@ -540,6 +540,55 @@ def case_bad_options(tmp, backend):
     check_heap(parse_log(run.log), backend, 0)
 
 
+# ---------------------------------------------------------------- the library itself
+
+EXPECTED_EXPORTS = {
+    "malloc", "free", "calloc", "realloc", "reallocarray", "cfree", "posix_memalign",
+    "aligned_alloc", "memalign", "valloc", "pvalloc", "malloc_usable_size", "malloc_trim",
+    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "pthread_create",
+    "mnemosyne_owns", "mnemosyne_backend_of", "mnemosyne_active_backend", "mnemosyne_version",
+    "mnemosyne_stats_json",
+    # operator new / delete, every form
+    "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t", "_ZnwmSt11align_val_t",
+    "_ZnamSt11align_val_t", "_ZnwmSt11align_val_tRKSt9nothrow_t",
+    "_ZnamSt11align_val_tRKSt9nothrow_t", "_ZdlPv", "_ZdaPv", "_ZdlPvRKSt9nothrow_t",
+    "_ZdaPvRKSt9nothrow_t", "_ZdlPvm", "_ZdaPvm", "_ZdlPvSt11align_val_t",
+    "_ZdaPvSt11align_val_t", "_ZdlPvmSt11align_val_t", "_ZdaPvmSt11align_val_t",
+    "_ZdlPvSt11align_val_tRKSt9nothrow_t", "_ZdaPvSt11align_val_tRKSt9nothrow_t",
+}
+
+
+def case_exports(tmp, backend):
+    nm = subprocess.run(["nm", "-D", "--defined-only", LIB], capture_output=True, text=True)
+    expect(nm.returncode == 0, f"nm failed: {nm.stderr}")
+    names = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+    expect(names == EXPECTED_EXPORTS,
+           f"exports differ: extra {sorted(names - EXPECTED_EXPORTS)}, "
+           f"missing {sorted(EXPECTED_EXPORTS - names)}")
+    expect(not any(n.startswith(("mi_", "_mi_")) for n in names), "a mimalloc symbol is exported")
+    dyn = subprocess.run(["readelf", "-d", LIB], capture_output=True, text=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dyn)
+    expect(needed, "readelf found no NEEDED entries")
+    expect(not any("cuda" in n or "mimalloc" in n for n in needed),
+           f"the library links {needed}")
+    for tool in (LAUNCHER,):
+        dyn = subprocess.run(["readelf", "-d", tool], capture_output=True, text=True).stdout
+        expect("libcuda" not in dyn and "mimalloc" not in dyn, f"{tool} links libcuda/mimalloc")
+
+
+def case_readme_options(tmp, backend):
+    """Every option the library knows (the launcher's help is made from its
+    table) has a row in the README's table, and the README names no other."""
+    r = subprocess.run([LAUNCHER, "run", "--help"], capture_output=True, text=True)
+    expect(r.returncode == 0, f"run --help failed: {r.stderr}")
+    known = set(re.findall(r"Sets\s+(MNEMOSYNE_[A-Z_]+)", r.stdout))
+    expect(len(known) >= 11, f"too few options in run --help: {sorted(known)}")
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    with open(readme) as f:
+        rows = set(re.findall(r"^\| `(MNEMOSYNE_[A-Z_]+)` \|", f.read(), re.M))
+    expect(rows == known, f"README rows {sorted(rows)} vs options {sorted(known)}")
+
+
 CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
          if name.startswith("case_")}
 
