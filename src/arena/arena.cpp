@@ -81,8 +81,16 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
       return false;
     }
   }
+  // A backend that refuses the geometric size may still have room for a
+  // smaller arena (managed memory near the device's capacity, pinned memory
+  // under the locked-memory limit): halve down to what the request needs.
   Segment seg;
-  if (!acquire_segment(backend, want, kSegmentAlign, &seg)) {
+  bool got = acquire_segment(backend, want, kSegmentAlign, &seg);
+  while (!got && want > need) {
+    want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
+    got = acquire_segment(backend, want, kSegmentAlign, &seg);
+  }
+  if (!got) {
     if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
       std::snprintf(why, why_len, "the CUDA driver is unavailable: %.200s", driver_info().reason);
     } else {

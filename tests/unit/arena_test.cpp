@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -227,6 +228,24 @@ TEST(Arena, LimitReachedFallsBackToHostOnce) {
     arena::Stats s;
     arena::stats(&s);
     EXPECT_LE(s.bytes_reserved[static_cast<int>(BackendId::unified)], 160 * kMiB);
+  });
+}
+
+TEST(Arena, SmallerArenaWhenTheGeometricOneIsRefused) {
+  IN_FRESH_PROCESS({
+    // Arenas of 64, 64 and 128 MiB take 352 MiB of the driver (each asks for
+    // 32 MiB of alignment slack more); the geometric next one, 256 MiB, does
+    // not fit under 481 MiB, a 64 MiB one does.
+    setenv("FAKECUDA_MEM_LIMIT", std::to_string(481 * kMiB).c_str(), 1);
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    std::vector<void*> blocks;
+    for (int i = 0; i < 120; ++i) blocks.push_back(arena::alloc(4 * kMiB));
+    arena::Stats s;
+    arena::stats(&s);
+    EXPECT_EQ(s.segments, 4u);
+    EXPECT_LE(s.bytes_reserved[static_cast<int>(BackendId::unified)], 481 * kMiB);
+    EXPECT_GT(g_host_calls.load(), 0) << "past the driver's capacity, the host heap serves";
+    for (void* p : blocks) release(p);
   });
 }
 
