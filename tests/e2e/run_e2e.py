@@ -589,6 +589,33 @@ def case_readme_options(tmp, backend):
     expect(rows == known, f"README rows {sorted(rows)} vs options {sorted(known)}")
 
 
+def case_stats_api(tmp, backend):
+    """mnemosyne_stats_json() answers on demand, without any stats option."""
+    import json
+    script = (
+        "import ctypes, json\n"
+        "lib = ctypes.CDLL(None)\n"
+        "lib.mnemosyne_stats_json.restype = ctypes.c_void_p\n"
+        "raw = lib.mnemosyne_stats_json()\n"
+        "text = ctypes.string_at(raw).decode()\n"
+        "lib.free(ctypes.c_void_p(raw))\n"
+        "print(text)\n")
+    run = Run(tmp, backend, True)
+    r = run([PYTHON, "-c", script])
+    expect(r.returncode == 0, f"python failed: {r.stderr[-500:]!r}")
+    doc = json.loads(r.stdout)
+    validate_stats(doc)
+    expect(doc["counting"] is False, "counting is off unless asked for")
+    expect(doc["active_backend"] == backend, f"active backend {doc['active_backend']}")
+    expect(doc["pools"][backend]["segments"] >= 1, "no segment reported")
+
+
+def case_ls(tmp, backend):
+    """ls links libraries whose constructors allocate before ours runs."""
+    events, _, _ = twice(tmp, backend, ["ls", "-la", "--time-style=+", "/usr/lib", "/etc"], "ls")
+    check_heap(events, backend, 0)
+
+
 CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
          if name.startswith("case_")}
 
