@@ -17,6 +17,9 @@ int stats_command(int argc, char** argv);
 // "run", "info" or "stats"; false when there is no such command.
 bool print_help(std::string_view command);
 void print_version();
+// Handles -h/--help and --version, which every subcommand takes: prints
+// them and returns true (the caller exits 0); false for any other argument.
+bool help_or_version(std::string_view command, std::string_view arg);
 
 // "mnemosyne[ CMD]: MESSAGE; see 'mnemosyne[ CMD] --help'" on stderr; returns
 // kExitUsage.

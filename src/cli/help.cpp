@@ -353,6 +353,18 @@ bool print_help(std::string_view command) {
   return true;
 }
 
+bool help_or_version(std::string_view command, std::string_view arg) {
+  if (arg == "-h" || arg == "--help") {
+    print_help(command);
+    return true;
+  }
+  if (arg == "--version") {
+    print_version();
+    return true;
+  }
+  return false;
+}
+
 void print_version() {
   std::printf("mnemosyne %s\n", MNEMOSYNE_VERSION);
 }

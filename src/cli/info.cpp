@@ -161,14 +161,7 @@ int info_command(int argc, char** argv) {
     std::string_view value;
     bool has_value = false;
     split_option(arg, &name, &value, &has_value);
-    if (arg == "-h" || arg == "--help") {
-      print_help(kCommand);
-      return 0;
-    }
-    if (arg == "--version") {
-      print_version();
-      return 0;
-    }
+    if (help_or_version(kCommand, arg)) return 0;
     if (arg == "--json") {
       as_json = true;
     } else if (name == "--cuda-driver") {

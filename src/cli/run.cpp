@@ -62,14 +62,7 @@ int run_command(int argc, char** argv) {
       ++i;
       break;
     }
-    if (arg == "-h" || arg == "--help") {
-      print_help(kCommand);
-      return 0;
-    }
-    if (arg == "--version") {
-      print_version();
-      return 0;
-    }
+    if (help_or_version(kCommand, arg)) return 0;
     if (arg.size() < 2 || arg[0] != '-') break;  // COMMAND starts here ("-" too)
     if (arg[1] != '-') {
       return usage_error(kCommand, "unknown option '" + std::string(arg) +

@@ -367,14 +367,7 @@ int stats_command(int argc, char** argv) {
       options_done = true;
       continue;
     }
-    if (arg == "-h" || arg == "--help") {
-      print_help(kCommand);
-      return 0;
-    }
-    if (arg == "--version") {
-      print_version();
-      return 0;
-    }
+    if (help_or_version(kCommand, arg)) return 0;
     std::string_view name;
     std::string_view value;
     bool has_value = false;

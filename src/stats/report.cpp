@@ -59,13 +59,20 @@ struct Pool {
   std::uint64_t advice_failures;
 };
 
+struct Snapshot {
+  Pool pools[kPools];
+  int count = 0;
+  arena::Stats arena;
+};
+
 // Every pool worth reporting: the system allocator always, a backend when it
 // served, reserved or called anything, or was the one asked for.
-int collect(const ReportContext& ctx, Pool pools[kPools]) noexcept {
+void collect(const ReportContext& ctx, Snapshot* snap) noexcept {
   PoolTotals counts[kPools];
   totals(counts);
-  arena::Stats a;
-  arena::stats(&a);
+  arena::stats(&snap->arena);
+  const arena::Stats& a = snap->arena;
+  Pool* pools = snap->pools;
   int n = 0;
   for (int i = 1; i < kPools; ++i) {
     const auto id = static_cast<BackendId>(i);
@@ -84,16 +91,17 @@ int collect(const ReportContext& ctx, Pool pools[kPools]) noexcept {
     }
   }
   pools[n++] = Pool{"system", counts[kSystemPool], 0, 0, 0, 0, 0.0, 0};
-  return n;
+  snap->count = n;
 }
 
 }  // namespace
 
 std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  Pool pools[kPools];
-  const int n = collect(ctx, pools);
-  arena::Stats a;
-  arena::stats(&a);
+  Snapshot snap;
+  collect(ctx, &snap);
+  const Pool* pools = snap.pools;
+  const int n = snap.count;
+  const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("{\n  \"schema\": \"mnemosyne-stats/1\",\n  \"pid\": %ld,\n  \"program\": ", ctx.pid);
   w.json_string(ctx.program);
@@ -130,10 +138,11 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
 }
 
 std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  Pool pools[kPools];
-  const int n = collect(ctx, pools);
-  arena::Stats a;
-  arena::stats(&a);
+  Snapshot snap;
+  collect(ctx, &snap);
+  const Pool* pools = snap.pools;
+  const int n = snap.count;
+  const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("mnemosyne: pid %ld (%s), backend %s (active %s), device %d\n", ctx.pid, ctx.program,
         backend_name(ctx.requested), backend_name(arena::active_backend()), ctx.device);
