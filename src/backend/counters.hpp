@@ -9,6 +9,10 @@
 
 namespace mnemosyne {
 
+inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
+  counter.fetch_add(n, std::memory_order_relaxed);
+}
+
 struct BackendCounters {
   std::atomic<std::uint64_t> allocations{0};      // successful allocate()
   std::atomic<std::uint64_t> deallocations{0};    // successful deallocate()
@@ -19,6 +23,17 @@ struct BackendCounters {
   std::atomic<std::uint64_t> advice_failures{0};  // cuMemAdvise errors (device tiers)
   std::atomic<std::uint64_t> registry_full{0};    // allocations rolled back
   std::atomic<std::uint64_t> driver_ns{0};        // time spent in those calls
+
+  // A block of `size` bytes handed out / given back.
+  void allocated(std::uint64_t size) noexcept {
+    count_event(allocations);
+    count_event(bytes_allocated, size);
+    count_event(bytes_live, size);
+  }
+  void released(std::uint64_t size) noexcept {
+    count_event(deallocations);
+    bytes_live.fetch_sub(size, std::memory_order_relaxed);
+  }
 };
 
 BackendCounters& backend_counters(BackendId id) noexcept;

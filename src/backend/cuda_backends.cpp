@@ -61,26 +61,22 @@ using HbmOps = CudaOps<BackendId::hbm, ManagedCalls, g_hbm_registry, true>;
 using GddrOps = CudaOps<BackendId::gddr, ManagedCalls, g_gddr_registry, true>;
 using PinnedOps = CudaOps<BackendId::pinned, PinnedCalls, g_pinned_registry, false>;
 
-void count(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
-  counter.fetch_add(n, std::memory_order_relaxed);
-}
-
 // Best effort: a failed advice leaves the allocation valid.
 void advise_preferred_device(const DriverCall& call, void* ptr, std::size_t size,
                              BackendCounters& c) noexcept {
   const DriverApi& api = call.api();
   if (api.cuMemAdvise == nullptr) {  // driver older than cuMemAdvise_v2
-    count(c.advice_failures);
+    count_event(c.advice_failures);
     return;
   }
   CUmemLocation location{};
   location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   location.id = call.ordinal();
-  count(c.driver_calls);
+  count_event(c.driver_calls);
   if (api.cuMemAdvise(to_device_ptr(ptr), size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, location) !=
       CUDA_SUCCESS) {
-    count(c.driver_failures);
-    count(c.advice_failures);
+    count_event(c.driver_failures);
+    count_event(c.advice_failures);
   }
 }
 
@@ -95,28 +91,24 @@ void* cuda_allocate(std::size_t size) noexcept {
   {
     DriverCall call;
     if (!call.ok()) {
-      count(c.driver_failures);  // the primary context could not be made current
+      count_event(c.driver_failures);  // the primary context could not be made current
     } else {
-      count(c.driver_calls);
+      count_event(c.driver_calls);
       if (Ops::raw_alloc(call.api(), size, &ptr) != CUDA_SUCCESS || ptr == nullptr) {
-        count(c.driver_failures);
+        count_event(c.driver_failures);
         ptr = nullptr;
       } else if (!Ops::registry().insert(ptr)) {
-        count(c.registry_full);
-        count(c.driver_calls);
-        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count(c.driver_failures);
+        count_event(c.registry_full);
+        count_event(c.driver_calls);
+        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
         ptr = nullptr;
       } else if constexpr (Ops::kAdvise) {
         advise_preferred_device(call, ptr, size, c);
       }
     }
   }
-  count(c.driver_ns, detail::monotonic_ns() - start);
-  if (ptr != nullptr) {
-    count(c.allocations);
-    count(c.bytes_allocated, size);
-    count(c.bytes_live, size);
-  }
+  count_event(c.driver_ns, detail::monotonic_ns() - start);
+  if (ptr != nullptr) c.allocated(size);
   return ptr;
 }
 
@@ -133,18 +125,15 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
   {
     DriverCall call;
     if (!call.ok()) {
-      count(c.driver_failures);
+      count_event(c.driver_failures);
     } else {
-      count(c.driver_calls);
+      count_event(c.driver_calls);
       released = Ops::raw_free(call.api(), ptr) == CUDA_SUCCESS;
-      if (!released) count(c.driver_failures);
+      if (!released) count_event(c.driver_failures);
     }
   }
-  count(c.driver_ns, detail::monotonic_ns() - start);
-  if (released) {
-    count(c.deallocations);
-    c.bytes_live.fetch_sub(size, std::memory_order_relaxed);
-  }
+  count_event(c.driver_ns, detail::monotonic_ns() - start);
+  if (released) c.released(size);
   return released;
 }
 
