@@ -616,6 +616,52 @@ def case_ls(tmp, backend):
     check_heap(events, backend, 0)
 
 
+PY_WAIT_DRIVER_THREAD = r"""
+import ctypes, os, time
+fake = ctypes.CDLL(os.environ["MNEMOSYNE_TEST_FAKE"])
+class Counters(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint64) for n in (
+        "init_calls", "alloc_managed", "alloc_host", "free_managed", "free_host",
+        "advise_calls")] + [("advise_last_device", ctypes.c_int64)] + [
+        (n, ctypes.c_uint64) for n in ("legacy_free_calls", "live_bytes", "failed_calls",
+        "invalid_context_calls", "thread_allocs", "total_calls", "legacy_calls",
+        "ctx_freed_blocks")] + [("advise_last_advice", ctypes.c_int64),
+        ("advise_last_loc_type", ctypes.c_int64), ("thread_finished", ctypes.c_uint64)]
+c = Counters()
+deadline = time.time() + 120
+while time.time() < deadline:
+    fake.fakecuda_get_counters(ctypes.byref(c))
+    if c.thread_finished:
+        break
+    time.sleep(0.01)
+print("driver thread finished" if c.thread_finished else "driver thread still running",
+      c.thread_allocs)
+"""
+
+
+def case_driver_thread(tmp, backend):
+    """The double's internal thread mallocs blocks the arena has no room for
+    while it holds the driver's lock. Its thread was created inside cuInit,
+    so the pthread_create wrapper marked it: the arena serves it from the
+    host heap instead of calling the driver (the double aborts on that
+    self-deadlock)."""
+    import json
+    stats = os.path.join(tmp, "stats.json")
+    run = Run(tmp, backend, True, {"FAKECUDA_THREAD_ALLOC_MAX": str(256 << 20),
+                                   "FAKECUDA_THREAD_ITERS": "60", "MNEMOSYNE_TEST_FAKE": FAKE,
+                                   "MNEMOSYNE_STATS_FILE": stats})
+    r = run([PYTHON, "-c", PY_WAIT_DRIVER_THREAD])
+    expect(r.returncode == 0, f"exit {r.returncode}: {r.stderr[-800:]!r}")
+    expect(r.stdout == b"driver thread finished 60\n", f"stdout {r.stdout!r}")
+    events = parse_log(run.log)
+    expect(not [e for e in events if e["event"] == "deadlock"], "the driver deadlocked on itself")
+    with open(stats) as f:
+        doc = json.load(f)
+    expect(doc["driver_allocations"] > 0,
+           "no driver-thread allocation needed new memory: the test proved nothing")
+    check_heap(events, backend, 0)
+
+
 CASES = {name[5:].replace("_", "-"): fn for name, fn in globals().items()
          if name.startswith("case_")}
 
