@@ -12,6 +12,7 @@
 #include "arena/segment_provider.hpp"
 #include "arena/segment_table.hpp"
 #include "arena/state.hpp"
+#include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/loader.hpp"
 
@@ -91,8 +92,12 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     got = acquire_segment(backend, want, kSegmentAlign, &seg);
   }
   if (!got) {
+    char detail[200];
+    describe_last_failure(backend, detail, sizeof detail);
     if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
       std::snprintf(why, why_len, "the CUDA driver is unavailable: %.200s", driver_info().reason);
+    } else if (detail[0] != '\0') {
+      std::snprintf(why, why_len, "%s", detail);
     } else {
       std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB",
                     backend_name(backend), want >> 20);

@@ -1,6 +1,12 @@
 // One BackendCounters per backend id, in static storage.
 #include "backend/counters.hpp"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "backend/loader.hpp"
+
 namespace mnemosyne {
 namespace {
 
@@ -11,6 +17,34 @@ constinit BackendCounters g_counters[kBackendCount] = {};
 BackendCounters& backend_counters(BackendId id) noexcept {
   const auto index = static_cast<unsigned>(id);
   return g_counters[index < static_cast<unsigned>(kBackendCount) ? index : 0];
+}
+
+void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
+  if (len == 0) return;
+  out[0] = '\0';
+  const BackendCounters& c = backend_counters(id);
+  const int step = c.last_failure_step.load(std::memory_order_relaxed);
+  const int result = c.last_failure_result.load(std::memory_order_relaxed);
+  const auto size = static_cast<unsigned long long>(c.last_failure_size.load());
+  if (step == kContextFailed) {
+    const int ordinal = device_ordinal();
+    const int count = driver_info().device_count;
+    if (driver_state() == DriverState::ready && ordinal >= count) {
+      std::snprintf(out, len, "device %d does not exist: the driver reports %d device%s", ordinal,
+                    count, count == 1 ? "" : "s");
+    } else {
+      std::snprintf(out, len, "device %d's primary context could not be made current: %s", ordinal,
+                    cu_result_name(static_cast<CUresult>(result)));
+    }
+  } else if (step == kAllocationFailed) {
+    if (id == BackendId::host) {
+      std::snprintf(out, len, "mmap of %llu bytes failed: %s", size, std::strerror(result));
+    } else {
+      std::snprintf(out, len, "%s of %llu bytes failed: %s",
+                    id == BackendId::pinned ? "cuMemHostAlloc" : "cuMemAllocManaged", size,
+                    cu_result_name(static_cast<CUresult>(result)));
+    }
+  }
 }
 
 }  // namespace mnemosyne

@@ -3,11 +3,14 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 
 #include "backend/backend_id.hpp"
 
 namespace mnemosyne {
+
+enum FailureStep : int { kNoFailure = 0, kContextFailed, kAllocationFailed };
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
   counter.fetch_add(n, std::memory_order_relaxed);
@@ -23,12 +26,22 @@ struct BackendCounters {
   std::atomic<std::uint64_t> advice_failures{0};  // cuMemAdvise errors (device tiers)
   std::atomic<std::uint64_t> registry_full{0};    // allocations rolled back
   std::atomic<std::uint64_t> driver_ns{0};        // time spent in those calls
+  // The last failed allocate(), for messages: which step, the driver's
+  // answer, and the size asked for.
+  std::atomic<int> last_failure_step{0};  // a FailureStep
+  std::atomic<int> last_failure_result{0};
+  std::atomic<std::uint64_t> last_failure_size{0};
 
   // A block of `size` bytes handed out / given back.
   void allocated(std::uint64_t size) noexcept {
     count_event(allocations);
     count_event(bytes_allocated, size);
     count_event(bytes_live, size);
+  }
+  void failed(FailureStep step, int result, std::uint64_t size) noexcept {
+    last_failure_step.store(step, std::memory_order_relaxed);
+    last_failure_result.store(result, std::memory_order_relaxed);
+    last_failure_size.store(size, std::memory_order_relaxed);
   }
   void released(std::uint64_t size) noexcept {
     count_event(deallocations);
@@ -37,5 +50,10 @@ struct BackendCounters {
 };
 
 BackendCounters& backend_counters(BackendId id) noexcept;
+
+// Describes the last failed allocate() of `id` in one clause ("device 5 does
+// not exist: the driver reports 2 devices", "cuMemAllocManaged of 100663296
+// bytes failed: CUDA_ERROR_OUT_OF_MEMORY"); "" when there was none.
+void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept;
 
 }  // namespace mnemosyne

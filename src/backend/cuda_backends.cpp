@@ -92,10 +92,13 @@ void* cuda_allocate(std::size_t size) noexcept {
     DriverCall call;
     if (!call.ok()) {
       count_event(c.driver_failures);  // the primary context could not be made current
+      c.failed(kContextFailed, call.error(), size);
     } else {
       count_event(c.driver_calls);
-      if (Ops::raw_alloc(call.api(), size, &ptr) != CUDA_SUCCESS || ptr == nullptr) {
+      const CUresult rc = Ops::raw_alloc(call.api(), size, &ptr);
+      if (rc != CUDA_SUCCESS || ptr == nullptr) {
         count_event(c.driver_failures);
+        c.failed(kAllocationFailed, rc, size);
         ptr = nullptr;
       } else if (!Ops::registry().insert(ptr)) {
         count_event(c.registry_full);

@@ -27,17 +27,22 @@ constinit std::atomic<CUdevice> g_primary_device[kMaxDevices] = {};
 // Returns the retained primary context of `ordinal`, retaining it on first
 // use. Two threads may race to retain: the loser releases its extra
 // reference, so the context is retained exactly once by mnemosyne.
-CUcontext primary_context(const DriverApi& api, int ordinal, CUdevice* device) noexcept {
-  if (ordinal < 0 || ordinal >= kMaxDevices) return nullptr;
+CUcontext primary_context(const DriverApi& api, int ordinal, CUdevice* device,
+                          CUresult* error) noexcept {
+  if (ordinal < 0 || ordinal >= kMaxDevices) {
+    *error = CUDA_ERROR_INVALID_DEVICE;
+    return nullptr;
+  }
   CUcontext ctx = g_primary[ordinal].load(std::memory_order_acquire);
   if (ctx != nullptr) {
     *device = g_primary_device[ordinal].load(std::memory_order_relaxed);
     return ctx;
   }
   CUdevice dev = 0;
-  if (api.cuDeviceGet(&dev, ordinal) != CUDA_SUCCESS) return nullptr;
+  if ((*error = api.cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS) return nullptr;
   CUcontext fresh = nullptr;
-  if (api.cuDevicePrimaryCtxRetain(&fresh, dev) != CUDA_SUCCESS || fresh == nullptr) {
+  if ((*error = api.cuDevicePrimaryCtxRetain(&fresh, dev)) != CUDA_SUCCESS || fresh == nullptr) {
+    if (*error == CUDA_SUCCESS) *error = CUDA_ERROR_INVALID_CONTEXT;
     return nullptr;
   }
   g_primary_device[ordinal].store(dev, std::memory_order_relaxed);
@@ -81,11 +86,14 @@ DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver) {
   // load flags itself).
   const DriverApi* api = driver_api();
   t_in_driver = true;
-  if (api == nullptr) return;
+  if (api == nullptr) {
+    error_ = CUDA_ERROR_NOT_INITIALIZED;
+    return;
+  }
   ordinal_ = detail::freeze_device_ordinal();
   CUdevice dev = 0;
-  CUcontext ctx = primary_context(*api, ordinal_, &dev);
-  if (ctx == nullptr || api->cuCtxPushCurrent(ctx) != CUDA_SUCCESS) return;
+  CUcontext ctx = primary_context(*api, ordinal_, &dev, &error_);
+  if (ctx == nullptr || (error_ = api->cuCtxPushCurrent(ctx)) != CUDA_SUCCESS) return;
   pushed_ = true;
   device_ = dev;
   api_ = api;

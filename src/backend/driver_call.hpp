@@ -30,6 +30,10 @@ class DriverCall {
   DriverCall& operator=(const DriverCall&) = delete;
 
   bool ok() const noexcept { return api_ != nullptr; }
+  // Why ok() is false: the driver's answer to getting the device, retaining
+  // its primary context or pushing it; CUDA_ERROR_NOT_INITIALIZED when the
+  // driver is unavailable.
+  CUresult error() const noexcept { return error_; }
   const DriverApi& api() const noexcept { return *api_; }
   CUdevice device() const noexcept { return device_; }
   // The device ordinal whose primary context is current (device_ordinal(),
@@ -40,6 +44,7 @@ class DriverCall {
   const DriverApi* api_ = nullptr;
   CUdevice device_ = 0;
   int ordinal_ = 0;
+  CUresult error_ = CUDA_SUCCESS;
   bool pushed_ = false;
   bool outer_flag_ = false;
 };

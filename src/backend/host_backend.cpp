@@ -1,4 +1,5 @@
 // Host: anonymous private mmap, registered like the CUDA backends.
+#include <errno.h>
 #include <sys/mman.h>
 
 #include <atomic>
@@ -23,6 +24,7 @@ void* Host::allocate(std::size_t size) noexcept {
   void* ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (ptr == MAP_FAILED) {
     count_event(c.driver_failures);
+    c.failed(kAllocationFailed, errno, size);
     ptr = nullptr;
   } else if (!g_host_registry.insert(ptr)) {
     count_event(c.registry_full);

@@ -373,9 +373,20 @@ def case_fault_init(tmp, backend):
     fault_case(tmp, backend, {"FAKECUDA_INIT_ERROR": "100"}, r"unavailable.*(NO_DEVICE|100)")
 
 
+def case_fault_no_device(tmp, backend):
+    fault_case(tmp, backend, {"FAKECUDA_DEVICES": "0"},
+               r"unavailable \(device 0 does not exist: the driver reports 0 devices\).*host memory")
+
+
+def case_fault_bad_device(tmp, backend):
+    fault_case(tmp, backend, {"MNEMOSYNE_DEVICE": "5"},
+               r"unavailable \(device 5 does not exist: the driver reports 2 devices\)")
+
+
 def case_fault_alloc_after(tmp, backend):
     events = fault_case(tmp, backend, {"FAKECUDA_FAIL_ALLOC_AFTER": "1"},
-                        r"could not serve.*host memory", PY_HUNGRY)
+                        r"could not serve a request \(cuMemAllocManaged of \d+ bytes failed: "
+                        r"CUDA_ERROR_OUT_OF_MEMORY\).*host memory", PY_HUNGRY)
     expect(any(e["event"] == "alloc" for e in events), "the first arena should be driver memory")
 
 
