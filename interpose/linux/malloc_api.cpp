@@ -13,6 +13,7 @@
 #include <cstring>
 
 #include "arena/arena.hpp"
+#include "fast_path.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
 #include "stats/counters.hpp"
@@ -124,6 +125,27 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
 }
 
 }  // namespace
+
+void* malloc_slow(std::size_t size) noexcept {
+  const Mode mode = current_mode();
+  if (mode == Mode::arena) {  // mimalloc returned NULL: grow, or fall back
+    void* p = arena::alloc_slow(size, 0, false);
+    return p != nullptr ? p : nomem();
+  }
+  if (mode == Mode::managed) return managed_alloc(size, 0, false);
+  return __libc_malloc(size);
+}
+
+void free_slow(void* ptr, std::uint8_t tag) noexcept {
+  if (ptr == nullptr) return;
+  if (g_counting.load(std::memory_order_relaxed)) count_release(ptr, tag);
+  if (tag != 0) {
+    arena::free(ptr, tag);
+  } else {
+    __libc_free(ptr);
+  }
+}
+
 }  // namespace mnemosyne
 
 using namespace mnemosyne;
@@ -131,25 +153,11 @@ using namespace mnemosyne;
 extern "C" {
 
 __attribute__((visibility("default"))) void* malloc(std::size_t size) noexcept {
-  const Mode mode = current_mode();
-  if (__builtin_expect(mode == Mode::arena, 1)) {
-    void* p = arena::alloc(size);
-    return p != nullptr ? p : nomem();
-  }
-  if (mode == Mode::managed) return managed_alloc(size, 0, false);
-  return __libc_malloc(size);
+  return fast_malloc(size);
 }
 
 __attribute__((visibility("default"))) void free(void* ptr) noexcept {
-  const std::uint8_t tag = owner_tag(ptr);
-  if (__builtin_expect(g_counting.load(std::memory_order_relaxed), 0) && ptr != nullptr) {
-    count_release(ptr, tag);
-  }
-  if (__builtin_expect(tag != 0, 1)) {
-    arena::free(ptr, tag);
-  } else if (ptr != nullptr) {
-    __libc_free(ptr);
-  }
+  fast_free(ptr);
 }
 
 __attribute__((visibility("default"))) void cfree(void* ptr) noexcept {

@@ -5,13 +5,13 @@
 #include <cstdlib>
 #include <new>
 
-#include "arena/arena.hpp"
+#include "fast_path.hpp"
 
 namespace {
 
 void* allocate(std::size_t size) {
   for (;;) {
-    if (void* p = malloc(size)) return p;
+    if (void* p = mnemosyne::fast_malloc(size)) return p;
     std::new_handler handler = std::get_new_handler();
     if (handler == nullptr) throw std::bad_alloc();
     handler();
@@ -77,38 +77,38 @@ MNEMOSYNE_EXPORT void* operator new[](std::size_t size, std::align_val_t al,
 }
 
 MNEMOSYNE_EXPORT void operator delete(void* p) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete(void* p, const std::nothrow_t&) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p, const std::nothrow_t&) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete(void* p, std::size_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p, std::size_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete(void* p, std::align_val_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p, std::align_val_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete(void* p, std::size_t, std::align_val_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p, std::size_t, std::align_val_t) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
 MNEMOSYNE_EXPORT void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept {
-  free(p);
+  mnemosyne::fast_free(p);
 }
