@@ -59,10 +59,11 @@ if [ $quick -eq 0 ]; then
   ninja -C build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run_suite build-asan --suite unit || status=1
-  echo "== registry and loader tests under ThreadSanitizer"
+  echo "== registry, loader and arena tests under ThreadSanitizer"
   configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
   ninja -C build-tsan
-  TSAN_OPTIONS=halt_on_error=1 run_suite build-tsan --suite tsan || status=1
+  TSAN_OPTIONS="halt_on_error=1 allocator_may_return_null=1 suppressions=$root/tests/unit/tsan.supp" \
+    run_suite build-tsan --suite tsan || status=1
 fi
 
 echo "$passed passed, $failed failed"
