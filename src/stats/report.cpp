@@ -67,12 +67,13 @@ struct Snapshot {
 
 // Every pool worth reporting: the system allocator always, a backend when it
 // served, reserved or called anything, or was the one asked for.
-void collect(const ReportContext& ctx, Snapshot* snap) noexcept {
+Snapshot collect(const ReportContext& ctx) noexcept {
+  Snapshot snap;
   PoolTotals counts[kPools];
   totals(counts);
-  arena::stats(&snap->arena);
-  const arena::Stats& a = snap->arena;
-  Pool* pools = snap->pools;
+  arena::stats(&snap.arena);
+  const arena::Stats& a = snap.arena;
+  Pool* pools = snap.pools;
   int n = 0;
   for (int i = 1; i < kPools; ++i) {
     const auto id = static_cast<BackendId>(i);
@@ -91,16 +92,14 @@ void collect(const ReportContext& ctx, Snapshot* snap) noexcept {
     }
   }
   pools[n++] = Pool{"system", counts[kSystemPool], 0, 0, 0, 0, 0.0, 0};
-  snap->count = n;
+  snap.count = n;
+  return snap;
 }
 
 }  // namespace
 
 std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  Snapshot snap;
-  collect(ctx, &snap);
-  const Pool* pools = snap.pools;
-  const int n = snap.count;
+  const Snapshot snap = collect(ctx);
   const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("{\n  \"schema\": \"mnemosyne-stats/1\",\n  \"pid\": %ld,\n  \"program\": ", ctx.pid);
@@ -110,8 +109,8 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
   w.put("  \"device\": %d,\n  \"counting\": %s,\n", ctx.device, ctx.counting ? "true" : "false");
   w.put("  \"size_range\": {\"min\": %zu, \"max\": %zu},\n", ctx.size_min, ctx.size_max);
   w.put("  \"limit\": %zu,\n  \"fallback\": \"%s\",\n  \"pools\": {\n", ctx.limit, ctx.fallback);
-  for (int i = 0; i < n; ++i) {
-    const Pool& p = pools[i];
+  for (int i = 0; i < snap.count; ++i) {
+    const Pool& p = snap.pools[i];
     w.put("    \"%s\": {\n", p.name);
     w.put("      \"allocations\": %llu, \"frees\": %llu,\n",
           static_cast<unsigned long long>(p.counts.allocations),
@@ -126,7 +125,7 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
           static_cast<unsigned long long>(p.driver_calls),
           static_cast<unsigned long long>(p.driver_failures), p.driver_ms);
     w.put("      \"advice_failures\": %llu\n    }%s\n",
-          static_cast<unsigned long long>(p.advice_failures), i + 1 < n ? "," : "");
+          static_cast<unsigned long long>(p.advice_failures), i + 1 < snap.count ? "," : "");
   }
   w.put("  },\n  \"fallbacks\": {\"count\": %llu, \"reason\": ",
         static_cast<unsigned long long>(a.host_fallbacks));
@@ -138,18 +137,15 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
 }
 
 std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  Snapshot snap;
-  collect(ctx, &snap);
-  const Pool* pools = snap.pools;
-  const int n = snap.count;
+  const Snapshot snap = collect(ctx);
   const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("mnemosyne: pid %ld (%s), backend %s (active %s), device %d\n", ctx.pid, ctx.program,
         backend_name(ctx.requested), backend_name(arena::active_backend()), ctx.device);
   w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s %5s %14s %7s %10s\n", "pool", "allocs", "frees",
         "requested", "live", "peak", "segs", "reserved", "calls", "driver ms");
-  for (int i = 0; i < n; ++i) {
-    const Pool& p = pools[i];
+  for (int i = 0; i < snap.count; ++i) {
+    const Pool& p = snap.pools[i];
     if (ctx.counting) {
       w.put("mnemosyne: %-8s %12llu %12llu %14llu %14lld %14llu", p.name,
             static_cast<unsigned long long>(p.counts.allocations),
