@@ -260,6 +260,9 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
       if (p != nullptr || !grow(size + alignment, seen)) break;
     }
     if (p == nullptr) p = mi_retry(size, alignment, zero);
+    if (p == nullptr && !g_state.exhausted.load()) {
+      why = "another thread's arena growth did not finish in time";
+    }
   }
   if (p == nullptr) p = fallback(size, alignment, zero, why);
   if (p != nullptr) errno = saved_errno;
