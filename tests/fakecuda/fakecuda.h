@@ -9,6 +9,7 @@
 #ifndef MNEMOSYNE_TESTS_FAKECUDA_FAKECUDA_H
 #define MNEMOSYNE_TESTS_FAKECUDA_FAKECUDA_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -48,6 +49,10 @@ struct fakecuda_counters {
   int64_t advise_last_advice;   /* CUmem_advise of the last recorded advice, -1 none */
   int64_t advise_last_loc_type; /* CUmemLocationType of the last recorded advice, -1 none */
   uint64_t thread_finished;     /* 1 once the internal thread has run all its iterations */
+  uint64_t pages_to_device;     /* pages fakecuda_migrate_to_device moved to the device */
+  uint64_t cpu_migrations;      /* device pages a CPU touch migrated back */
+  uint64_t dtoh_calls;          /* successful cuMemcpyDtoH_v2 */
+  uint64_t dtoh_bytes;          /* bytes they copied */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */
@@ -67,6 +72,16 @@ FAKECUDA_EXPORT void fakecuda_set_fail_alloc_after(long n);
 FAKECUDA_EXPORT void fakecuda_set_mem_limit(unsigned long long bytes);
 /* cuMemAdvise_v2 returns rc (after recording the attempt); 0 disables. */
 FAKECUDA_EXPORT void fakecuda_set_advise_error(int rc);
+/* cuMemcpyDtoH_v2 fails with rc (after the argument checks); 0 disables. */
+FAKECUDA_EXPORT void fakecuda_set_copy_error(int rc);
+/* Moves the pages of [p, p + n), inside one live managed block, to the device:
+ * their data moves into the driver, the CPU mapping is dropped (mincore: not
+ * resident). A CPU touch migrates a page back (counted in cpu_migrations);
+ * cuMemcpyDtoH_v2 reads it in place. Returns the pages moved, -1 when p is not
+ * in a managed block (or in a forked child). */
+FAKECUDA_EXPORT long fakecuda_migrate_to_device(const void* p, size_t n);
+/* 1 when the page holding p has its data on the device, else 0. */
+FAKECUDA_EXPORT int fakecuda_on_device(const void* p);
 /* Zeroes the counters (not live_bytes); advise_last_* back to -1. */
 FAKECUDA_EXPORT void fakecuda_reset_counters(void);
 FAKECUDA_EXPORT void fakecuda_get_counters(struct fakecuda_counters* out);
@@ -84,6 +99,9 @@ typedef void (*fakecuda_reset_counters_fn)(void);
 typedef void (*fakecuda_get_counters_fn)(struct fakecuda_counters*);
 typedef int (*fakecuda_owns_fn)(const void*);
 typedef int (*fakecuda_get_advice_fn)(const void*, struct fakecuda_advice*);
+typedef void (*fakecuda_set_copy_error_fn)(int);
+typedef long (*fakecuda_migrate_to_device_fn)(const void*, size_t);
+typedef int (*fakecuda_on_device_fn)(const void*);
 
 #ifdef __cplusplus
 }

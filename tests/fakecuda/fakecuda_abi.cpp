@@ -30,6 +30,11 @@ FAKECUDA_API CUresult cuMemAdvise(CUdeviceptr, size_t, CUmem_advise, CUdevice) {
   return fail("cuMemAdvise", CUDA_ERROR_INVALID_VALUE);
 }
 
+FAKECUDA_API CUresult cuMemcpyDtoH(void*, CUdeviceptr_v1, unsigned int) {
+  note_legacy_call("cuMemcpyDtoH");
+  return fail("cuMemcpyDtoH", CUDA_ERROR_INVALID_VALUE);
+}
+
 FAKECUDA_API CUresult cuCtxCreate(CUcontext*, unsigned int, CUdevice) {
   note_legacy_call("cuCtxCreate");
   return fail("cuCtxCreate", CUDA_ERROR_INVALID_VALUE);
@@ -111,6 +116,8 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuMemHostAlloc", 2020, cuMemHostAlloc),
     FAKECUDA_PROC("cuMemFreeHost", 2000, cuMemFreeHost),
     FAKECUDA_PROC("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    FAKECUDA_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
+    FAKECUDA_PROC("cuMemcpyDtoH", 2000, cuMemcpyDtoH),
     FAKECUDA_PROC("cuGetErrorName", 6000, cuGetErrorName),
     FAKECUDA_PROC("cuGetErrorString", 6000, cuGetErrorString),
 };

@@ -20,6 +20,7 @@ std::atomic<long> g_fail_alloc_after{-1};
 std::atomic<long> g_alloc_seen{0};
 std::atomic<unsigned long long> g_mem_limit{0};
 std::atomic<int> g_advise_error{0};
+std::atomic<int> g_copy_error{0};
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_forked{false};
 
@@ -95,6 +96,7 @@ void read_config() noexcept {
   }
   if (env_ull("FAKECUDA_MEM_LIMIT", &u)) g_mem_limit.store(u);
   if (env_long("FAKECUDA_ADVISE_ERROR", &v)) g_advise_error.store(int(v));
+  if (env_long("FAKECUDA_COPY_ERROR", &v)) g_copy_error.store(int(v));
 }
 
 void lock_or_die(pthread_mutex_t* m, const char* call) noexcept {
@@ -162,14 +164,27 @@ void* internal_thread(void*) {
   return nullptr;
 }
 
+// As a real driver may: the prepare handler takes the driver's lock, so no
+// driver call can be made from later prepare handlers (an allocator that
+// tried would deadlock; this one aborts with a message instead).
+void on_fork_prepare() {
+  lock("fork-prepare");
+}
+
+void on_fork_parent() {
+  unlock();
+}
+
 void on_fork_child() {
+  pthread_mutex_t fresh = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
+  g_lock = fresh;  // held by the parent's thread, which this child does not have
   g_forked.store(true, std::memory_order_release);
   log_line("fork-child");
 }
 
 __attribute__((constructor)) void fakecuda_load() {
   open_log();
-  pthread_atfork(nullptr, nullptr, on_fork_child);
+  pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
 }
 
 }  // namespace
@@ -447,11 +462,16 @@ FAKECUDA_API void fakecuda_set_advise_error(int rc) {
   g_advise_error.store(rc);
 }
 
+FAKECUDA_API void fakecuda_set_copy_error(int rc) {
+  g_copy_error.store(rc);
+}
+
 FAKECUDA_API void fakecuda_reset_counters(void) {
   Counters& c = g_counters;
   for (auto* a : {&c.init_calls, &c.alloc_managed, &c.alloc_host, &c.free_managed, &c.free_host,
                   &c.advise_calls, &c.legacy_free_calls, &c.failed_calls, &c.invalid_context_calls,
-                  &c.thread_allocs, &c.total_calls, &c.legacy_calls, &c.ctx_freed_blocks})
+                  &c.thread_allocs, &c.total_calls, &c.legacy_calls, &c.ctx_freed_blocks,
+                  &c.pages_to_device, &c.cpu_migrations, &c.dtoh_calls, &c.dtoh_bytes})
     a->store(0);
   c.advise_last_device.store(-1);
   c.advise_last_advice.store(-1);
@@ -479,4 +499,8 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->advise_last_advice = c.advise_last_advice.load();
   out->advise_last_loc_type = c.advise_last_loc_type.load();
   out->thread_finished = c.thread_finished.load();
+  out->pages_to_device = c.pages_to_device.load();
+  out->cpu_migrations = c.cpu_migrations.load();
+  out->dtoh_calls = c.dtoh_calls.load();
+  out->dtoh_bytes = c.dtoh_bytes.load();
 }

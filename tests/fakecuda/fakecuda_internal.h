@@ -48,6 +48,10 @@ struct Counters {
   std::atomic<std::int64_t> advise_last_advice{-1};
   std::atomic<std::int64_t> advise_last_loc_type{-1};
   std::atomic<std::uint64_t> thread_finished{0};
+  std::atomic<std::uint64_t> pages_to_device{0};
+  std::atomic<std::uint64_t> cpu_migrations{0};
+  std::atomic<std::uint64_t> dtoh_calls{0};
+  std::atomic<std::uint64_t> dtoh_bytes{0};
 };
 extern Counters g_counters;
 
@@ -67,6 +71,7 @@ extern std::atomic<long> g_fail_alloc_after;         // -1: off
 extern std::atomic<long> g_alloc_seen;               // allocation calls since the limit was set
 extern std::atomic<unsigned long long> g_mem_limit;  // 0: off
 extern std::atomic<int> g_advise_error;              // 0: off
+extern std::atomic<int> g_copy_error;                // 0: off
 
 extern std::atomic<bool> g_initialized;
 extern std::atomic<bool> g_forked;
@@ -113,5 +118,19 @@ bool ctx_usable(const Ctx* ctx) noexcept;
 
 // Memory (fakecuda_memory.cpp). Lock held: frees every block of ctx.
 void free_ctx_blocks(const Ctx* ctx) noexcept;
+
+// Residency of managed memory (fakecuda_residency.cpp).
+// Lock held: moves the pages of [p, p + n) in the managed block
+// [block, block + block_len) to the device. Returns the pages moved, -1 when
+// the driver's table of device ranges is full.
+long migrate_to_device(std::uintptr_t block, std::size_t block_len, std::uintptr_t p,
+                       std::size_t n) noexcept;
+// Whether the page holding p has its data on the device.
+bool on_device(std::uintptr_t p) noexcept;
+// Lock held: copies n bytes at src into dst from wherever each page's data
+// lives, moving nothing.
+void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept;
+// Lock held: the block at `block` is being released.
+void forget_device_range(std::uintptr_t block) noexcept;
 
 }  // namespace fakecuda

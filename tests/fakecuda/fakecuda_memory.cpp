@@ -165,6 +165,7 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
 void release(std::size_t i) noexcept {
   Block* b = g_blocks[i];
   index_remove(i);
+  if (b->kind == kManaged) forget_device_range(b->addr);
   munmap(reinterpret_cast<void*>(b->addr), b->map_len);
   g_counters.live_bytes.fetch_sub(b->size);
   free(b);
@@ -379,6 +380,47 @@ FAKECUDA_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr
   }
   unlock();
   return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
+}
+
+FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount) {
+  static const char kCall[] = "cuMemcpyDtoH_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  const auto src = std::uintptr_t(srcDevice);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Block* b = containing(src);
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (dstHost == nullptr || b == nullptr || ByteCount > b->map_len - (src - b->addr)) {
+    rc = CUDA_ERROR_INVALID_VALUE;  // the source must lie in one block the driver handed out
+  } else if (int e = g_copy_error.load(); e != 0) {
+    rc = static_cast<CUresult>(e);
+  } else {
+    read_where_it_lives(dstHost, src, ByteCount);
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.dtoh_calls.fetch_add(1);
+  g_counters.dtoh_bytes.fetch_add(ByteCount);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API long fakecuda_migrate_to_device(const void* p, size_t n) {
+  if (g_forked.load(std::memory_order_acquire) || n == 0) return -1;
+  lock("fakecuda_migrate_to_device");
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  const Block* b = containing(a);
+  long moved = -1;
+  if (b != nullptr && b->kind == kManaged && n <= b->map_len - (a - b->addr)) {
+    moved = migrate_to_device(b->addr, b->map_len, a, n);
+  }
+  unlock();
+  return moved;
+}
+
+FAKECUDA_API int fakecuda_on_device(const void* p) {
+  if (g_forked.load(std::memory_order_acquire)) return 0;
+  return on_device(reinterpret_cast<std::uintptr_t>(p)) ? 1 : 0;
 }
 
 FAKECUDA_API int fakecuda_owns(const void* p) {

@@ -1,0 +1,208 @@
+// Fake CUDA driver: where the data of managed memory lives.
+//
+// fakecuda_migrate_to_device() moves pages "to the device", as a kernel's
+// touch or a prefetch does on real hardware: their data goes into a store
+// private to the driver, and the CPU mapping is dropped (PROT_NONE after
+// MADV_DONTNEED), so mincore calls them not resident although they hold
+// data. A CPU touch of such a page migrates it back (a SIGSEGV handler here,
+// where the real driver's fault handler runs in the kernel); the driver's
+// copy call (cuMemcpyDtoH_v2) reads it where it is, without migrating.
+//
+// The fault handler takes no lock (the faulting thread may hold the driver's)
+// and allocates nothing: ranges live in a fixed table, their stores and
+// per-page states in mmap'd memory.
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "fakecuda_internal.h"
+
+namespace fakecuda {
+namespace {
+
+enum PageState : std::uint8_t { kOnCpu = 0, kOnDevice = 1, kMigrating = 2 };
+
+// One managed block that has had pages on the device.
+struct DeviceRange {
+  std::atomic<std::uintptr_t> start{0};  // 0: free slot
+  std::size_t len = 0;
+  unsigned char* store = nullptr;              // the device copy, len bytes
+  std::atomic<std::uint8_t>* state = nullptr;  // one per page
+};
+
+constexpr int kMaxRanges = 256;
+DeviceRange g_ranges[kMaxRanges];
+struct sigaction g_previous {};  // the handler ours replaced
+std::atomic<bool> g_handler_installed{false};
+
+std::size_t page_size() noexcept {
+  return std::size_t(sysconf(_SC_PAGESIZE));
+}
+
+DeviceRange* find_range(std::uintptr_t p) noexcept {
+  for (DeviceRange& r : g_ranges) {
+    const std::uintptr_t s = r.start.load(std::memory_order_acquire);
+    if (s != 0 && p - s < r.len) return &r;
+  }
+  return nullptr;
+}
+
+// Brings page `index` of `r` back to the CPU: a filled private page replaces
+// the inaccessible one in one mremap, so no thread ever reads it half-copied.
+bool migrate_back(DeviceRange& r, std::size_t index) noexcept {
+  const std::size_t page = page_size();
+  std::uint8_t expected = kOnDevice;
+  if (!r.state[index].compare_exchange_strong(expected, kMigrating)) {
+    while (r.state[index].load(std::memory_order_acquire) == kMigrating) {
+    }
+    return true;  // another thread did it, or it was not on the device
+  }
+  void* tmp = mmap(nullptr, page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (tmp == MAP_FAILED) {
+    r.state[index].store(kOnDevice, std::memory_order_release);
+    return false;
+  }
+  memcpy(tmp, r.store + index * page, page);
+  madvise(tmp, page, MADV_DONTFORK);  // as all of the driver's memory
+  void* target = reinterpret_cast<void*>(r.start.load() + index * page);
+  const bool ok = mremap(tmp, page, page, MREMAP_MAYMOVE | MREMAP_FIXED, target) != MAP_FAILED;
+  if (!ok) munmap(tmp, page);
+  r.state[index].store(ok ? kOnCpu : kOnDevice, std::memory_order_release);
+  if (ok) g_counters.cpu_migrations.fetch_add(1, std::memory_order_relaxed);
+  return ok;
+}
+
+void pass_on(int sig, siginfo_t* info, void* context) noexcept {
+  const struct sigaction prev = g_previous;
+  if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+    prev.sa_sigaction(sig, info, context);
+    return;
+  }
+  if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+    return;
+  }
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigaction(sig, &dfl, nullptr);  // the access runs again and gets the default action
+}
+
+void on_segv(int sig, siginfo_t* info, void* context) {
+  const int saved = errno;
+  if (!g_forked.load(std::memory_order_acquire) && info != nullptr && info->si_code > 0) {
+    const auto addr = reinterpret_cast<std::uintptr_t>(info->si_addr);
+    if (DeviceRange* r = find_range(addr); r != nullptr) {
+      const std::size_t index = (addr - r->start.load()) / page_size();
+      if (r->state[index].load(std::memory_order_acquire) != kOnCpu && migrate_back(*r, index)) {
+        errno = saved;
+        return;
+      }
+    }
+  }
+  errno = saved;
+  pass_on(sig, info, context);
+}
+
+void install_handler() noexcept {
+  if (g_handler_installed.exchange(true)) return;
+  struct sigaction act {};
+  act.sa_sigaction = &on_segv;
+  act.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+  sigemptyset(&act.sa_mask);
+  sigaction(SIGSEGV, &act, &g_previous);
+}
+
+// Lock held. The range of the managed block [start, start + len), made on
+// first use.
+DeviceRange* range_for(std::uintptr_t start, std::size_t len) noexcept {
+  if (DeviceRange* r = find_range(start); r != nullptr) return r;
+  for (DeviceRange& r : g_ranges) {
+    if (r.start.load(std::memory_order_relaxed) != 0) continue;
+    void* store = mmap(nullptr, len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    const std::size_t state_len = len / page_size();
+    void* state = mmap(nullptr, state_len, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (store == MAP_FAILED || state == MAP_FAILED) {
+      if (store != MAP_FAILED) munmap(store, len);
+      if (state != MAP_FAILED) munmap(state, state_len);
+      return nullptr;
+    }
+    madvise(store, len, MADV_DONTFORK);
+    madvise(state, state_len, MADV_DONTFORK);
+    r.len = len;
+    r.store = static_cast<unsigned char*>(store);
+    r.state = static_cast<std::atomic<std::uint8_t>*>(state);
+    r.start.store(start, std::memory_order_release);
+    return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+long migrate_to_device(std::uintptr_t block, std::size_t block_len, std::uintptr_t p,
+                       std::size_t n) noexcept {
+  const std::size_t page = page_size();
+  const std::uintptr_t first = (p - block) / page;
+  const std::uintptr_t last = (p - block + n + page - 1) / page;  // exclusive
+  DeviceRange* r = range_for(block, block_len);
+  if (r == nullptr) return -1;
+  install_handler();
+  long moved = 0;
+  for (std::uintptr_t i = first; i < last && i < block_len / page; ++i) {
+    if (r->state[i].load(std::memory_order_acquire) != kOnCpu) continue;
+    auto* cpu = reinterpret_cast<unsigned char*>(block + i * page);
+    memcpy(r->store + i * page, cpu, page);
+    madvise(cpu, page, MADV_DONTNEED);
+    mprotect(cpu, page, PROT_NONE);
+    r->state[i].store(kOnDevice, std::memory_order_release);
+    ++moved;
+  }
+  g_counters.pages_to_device.fetch_add(std::uint64_t(moved), std::memory_order_relaxed);
+  return moved;
+}
+
+bool on_device(std::uintptr_t p) noexcept {
+  DeviceRange* r = find_range(p);
+  return r != nullptr &&
+         r->state[(p - r->start.load()) / page_size()].load(std::memory_order_acquire) != kOnCpu;
+}
+
+void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept {
+  const std::size_t page = page_size();
+  auto* out = static_cast<unsigned char*>(dst);
+  while (n > 0) {
+    const std::size_t in_page = page - src % page;
+    const std::size_t len = n < in_page ? n : in_page;
+    DeviceRange* r = find_range(src);
+    bool from_store = false;
+    if (r != nullptr) {
+      const std::size_t index = (src - r->start.load()) / page;
+      while (r->state[index].load(std::memory_order_acquire) == kMigrating) {
+      }
+      from_store = r->state[index].load(std::memory_order_acquire) == kOnDevice;
+      if (from_store) memcpy(out, r->store + (src - r->start.load()), len);
+    }
+    if (!from_store) memcpy(out, reinterpret_cast<const void*>(src), len);
+    out += len;
+    src += len;
+    n -= len;
+  }
+}
+
+void forget_device_range(std::uintptr_t block) noexcept {
+  for (DeviceRange& r : g_ranges) {
+    if (r.start.load(std::memory_order_relaxed) != block) continue;
+    r.start.store(0, std::memory_order_release);
+    munmap(r.store, r.len);
+    munmap(static_cast<void*>(r.state), r.len / page_size());
+    r.store = nullptr;
+    r.state = nullptr;
+    return;
+  }
+}
+
+}  // namespace fakecuda
