@@ -1,6 +1,6 @@
-// Start-up of the preloaded library: read the options, start the arena,
-// install the fork handlers and the exit report, then switch the exported
-// API to the arena.
+// Start-up of the preloaded library: register the fork handlers, read the
+// options, start the arena and the exit report, then switch the exported API
+// to the arena.
 //
 // The constructor runs at priority 101, before every constructor of default
 // priority in this process's libraries that were loaded after us. Anything
@@ -21,6 +21,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/loader.hpp"
+#include "fork.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
 #include "stats_report.hpp"
@@ -36,27 +37,6 @@ constinit Policy g_policy{};
 namespace {
 
 constinit config::Options g_options{};
-constinit bool g_started = false;
-constinit bool g_fork_prepared = false;
-
-void on_prepare_fork() noexcept {
-  g_fork_prepared = g_started && arena_mode();
-  if (g_fork_prepared) arena::prepare_fork();
-}
-
-void on_parent_after_fork() noexcept {
-  if (g_fork_prepared) arena::parent_after_fork();
-}
-
-void on_child_after_fork() noexcept {
-  if (!g_fork_prepared) return;
-  if (!arena::child_after_fork()) {
-    g_mode.store(Mode::host, std::memory_order_release);
-    warn_line(
-        "mnemosyne: this forked child's heap could not be restored; it continues on "
-        "the system allocator and ignores frees of its parent's blocks");
-  }
-}
 
 // DEVICE=local-rank: the rank's local index modulo the device count, which
 // needs the driver (loaded here, at the moment it would be anyway).
@@ -153,8 +133,6 @@ void start() noexcept {
   g_policy.size_max = o.size_max;
   g_counting.store(g_policy.counting, std::memory_order_relaxed);
   if (o.show_stats || o.stats_file[0] != '\0') install_exit_report();
-  pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);
-  g_started = true;
   g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
                std::memory_order_release);
 }
@@ -177,6 +155,7 @@ void warn_line(const char* line) noexcept {
 }  // namespace mnemosyne
 
 __attribute__((constructor(101))) static void mnemosyne_constructor() {
+  mnemosyne::install_fork_handling();
   mnemosyne::linux_host::resolve();
   mnemosyne::start();
 }

@@ -308,6 +308,7 @@ void stats(Stats* out) noexcept {
   out->driver_allocations = g_state.driver_allocations.load(std::memory_order_relaxed);
   out->grow_waits_timed_out = g_state.grow_waits_timed_out.load(std::memory_order_relaxed);
   out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
+  out->fork_bytes_via_driver = g_state.fork_bytes_via_driver.load(std::memory_order_relaxed);
 }
 
 }  // namespace mnemosyne::arena

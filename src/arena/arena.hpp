@@ -106,16 +106,27 @@ inline void* realloc(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
 // The backend that new segments come from now.
 BackendId active_backend() noexcept;
 
-// fork() without exec: memory of backends that a child does not inherit is
-// copied (pages resident on the CPU) before the fork and put back in place in
-// the child, so the child's heap keeps working; afterwards the child grows
-// with host memory and never calls the driver. Register these with
-// pthread_atfork (prepare runs last among prepare handlers when registered
-// first). child_after_fork returns false when the child's heap could not be
-// restored: the caller must then stop using the arena.
+// fork() without exec (see fork_copy.cpp): the live data of segments a child
+// does not inherit is copied into private memory before the fork, and the
+// child moves that copy to the segments' addresses; afterwards the child
+// grows with host memory and never calls the driver.
+//
+// copy_early: from a fork() wrapper, before any atfork handler runs; copies
+// through the driver what the CPU has not mapped. False when there was no
+// memory for the copy (the fork should then fail with ENOMEM). end_early:
+// after the fork, on the same thread; frees what prepare_fork did not take.
+bool copy_early() noexcept;
+void end_early() noexcept;
+// The atfork handlers (prepare runs last among prepare handlers when
+// registered first). child_after_fork returns false when the child's heap
+// could not be restored: the caller must then stop using the arena.
 void prepare_fork() noexcept;
 void parent_after_fork() noexcept;
 bool child_after_fork() noexcept;
+// For a fault handler in the child, before child_after_fork ran: when `addr`
+// lies in a segment the child lacks, puts every copy in place and returns
+// true (the faulting access can be retried). Async-signal-safe.
+bool restore_child_heap(const void* addr) noexcept;
 
 struct Stats {
   std::uint64_t segments = 0;                        // arenas added
@@ -126,7 +137,8 @@ struct Stats {
       0;  // requests the backend could not serve, served by the host heap
   std::uint64_t driver_allocations = 0;  // the driver's own requests that needed new memory
   std::uint64_t grow_waits_timed_out = 0;
-  std::uint64_t fork_bytes_copied = 0;
+  std::uint64_t fork_bytes_copied = 0;      // written into children's copies
+  std::uint64_t fork_bytes_via_driver = 0;  // read through the driver for them
 };
 void stats(Stats* out) noexcept;
 

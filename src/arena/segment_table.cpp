@@ -6,7 +6,7 @@ bool SegmentTable::add(const Segment& segment, bool dedicated) noexcept {
   SpinGuard guard(lock_);
   for (std::size_t i = 0; i < kCapacity; ++i) {
     if (!entries_[i].used) {
-      entries_[i] = Entry{segment, dedicated, true};
+      entries_[i] = Entry{segment, next_serial_++, dedicated, true};
       if (i + 1 > high_water_) high_water_ = i + 1;
       return true;
     }

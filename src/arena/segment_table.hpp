@@ -16,6 +16,7 @@ class SegmentTable {
 
   struct Entry {
     Segment segment;
+    std::uint64_t serial = 0;  // unique per add(): tells a reused slot from the old one
     bool dedicated = false;
     bool used = false;
   };
@@ -36,6 +37,7 @@ class SegmentTable {
   SpinLock lock_;
   Entry entries_[kCapacity];
   std::size_t high_water_ = 0;  // entries_[high_water_..] were never used
+  std::uint64_t next_serial_ = 1;
 };
 
 }  // namespace mnemosyne

@@ -34,6 +34,7 @@ struct State {
   std::atomic<std::uint64_t> driver_allocations{0};
   std::atomic<std::uint64_t> grow_waits_timed_out{0};
   std::atomic<std::uint64_t> fork_bytes_copied{0};
+  std::atomic<std::uint64_t> fork_bytes_via_driver{0};
 };
 
 extern constinit State g_state;

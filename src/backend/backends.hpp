@@ -12,15 +12,19 @@
 
 namespace mnemosyne {
 
+// What every CUDA managed-memory backend shares: the memory is not inherited
+// by a forked child, and its data may live on a device, where a CPU read
+// would migrate it back.
+struct ManagedMemory {
+  static constexpr bool inherited_by_fork = false;
+  static constexpr bool data_off_cpu = true;
+  static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
+};
+
 // CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
-struct CudaUnified {
+struct CudaUnified : ManagedMemory {
   static constexpr BackendId kId = BackendId::unified;
   static constexpr const char* kName = "unified";
-  static constexpr bool supports_page_reset = false;
-  static constexpr bool supports_make_guard = false;
-  static constexpr bool supports_decommit = false;
-  static constexpr bool enable_cpu_cache = true;
-  static constexpr bool inherited_by_fork = false;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
@@ -29,14 +33,9 @@ struct CudaUnified {
 // Managed memory advised to prefer the configured device
 // (cuMemAdvise_v2 SET_PREFERRED_LOCATION, CU_MEM_LOCATION_TYPE_DEVICE).
 // A failed advice leaves the allocation valid and is counted.
-struct CudaDevice {
+struct CudaDevice : ManagedMemory {
   static constexpr BackendId kId = BackendId::device;
   static constexpr const char* kName = "device";
-  static constexpr bool supports_page_reset = false;
-  static constexpr bool supports_make_guard = false;
-  static constexpr bool supports_decommit = false;
-  static constexpr bool enable_cpu_cache = false;
-  static constexpr bool inherited_by_fork = false;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
@@ -44,40 +43,33 @@ struct CudaDevice {
 
 // Device semantics under distinct pool identities: same driver operation as
 // CudaDevice, their own registry and counters. No claim of physical placement.
-struct CudaHbm {
+struct CudaHbm : ManagedMemory {
   static constexpr BackendId kId = BackendId::hbm;
   static constexpr const char* kName = "hbm";
-  static constexpr bool supports_page_reset = CudaDevice::supports_page_reset;
-  static constexpr bool supports_make_guard = CudaDevice::supports_make_guard;
-  static constexpr bool supports_decommit = CudaDevice::supports_decommit;
-  static constexpr bool enable_cpu_cache = CudaDevice::enable_cpu_cache;
-  static constexpr bool inherited_by_fork = false;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
-struct CudaGddr {
+struct CudaGddr : ManagedMemory {
   static constexpr BackendId kId = BackendId::gddr;
   static constexpr const char* kName = "gddr";
-  static constexpr bool supports_page_reset = CudaDevice::supports_page_reset;
-  static constexpr bool supports_make_guard = CudaDevice::supports_make_guard;
-  static constexpr bool supports_decommit = CudaDevice::supports_decommit;
-  static constexpr bool enable_cpu_cache = CudaDevice::enable_cpu_cache;
-  static constexpr bool inherited_by_fork = false;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
-// Page-locked host memory, cuMemHostAlloc(..., DEVICEMAP | PORTABLE).
-struct CudaHostPinned {
+// Memory the CPU reads in place: a plain copy reads it without moving it.
+struct CpuMemory {
+  static constexpr bool data_off_cpu = false;
+  static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
+};
+
+// Page-locked host memory, cuMemHostAlloc(..., DEVICEMAP | PORTABLE). The
+// driver does not let a forked child inherit it.
+struct CudaHostPinned : CpuMemory {
   static constexpr BackendId kId = BackendId::pinned;
   static constexpr const char* kName = "pinned";
-  static constexpr bool supports_page_reset = false;
-  static constexpr bool supports_make_guard = false;
-  static constexpr bool supports_decommit = false;
-  static constexpr bool enable_cpu_cache = true;
   static constexpr bool inherited_by_fork = false;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
@@ -85,13 +77,9 @@ struct CudaHostPinned {
 };
 
 // Anonymous private mmap, for machines without a driver.
-struct Host {
+struct Host : CpuMemory {
   static constexpr BackendId kId = BackendId::host;
   static constexpr const char* kName = "host";
-  static constexpr bool supports_page_reset = true;
-  static constexpr bool supports_make_guard = true;
-  static constexpr bool supports_decommit = true;
-  static constexpr bool enable_cpu_cache = true;
   static constexpr bool inherited_by_fork = true;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;

@@ -19,7 +19,7 @@ constinit AllocationRegistry g_hbm_registry;
 constinit AllocationRegistry g_gddr_registry;
 constinit AllocationRegistry g_pinned_registry;
 
-CUdeviceptr to_device_ptr(void* p) noexcept {
+CUdeviceptr to_device_ptr(const void* p) noexcept {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
 }
 
@@ -141,6 +141,14 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
 }
 
 }  // namespace
+
+bool ManagedMemory::copy_out(void* dst, const void* src, std::size_t size) noexcept {
+  if (size == 0) return true;
+  const DriverApi* api = driver_api();
+  if (api == nullptr || api->cuMemcpyDtoH == nullptr) return false;
+  DriverCall call;
+  return call.ok() && call.api().cuMemcpyDtoH(dst, to_device_ptr(src), size) == CUDA_SUCCESS;
+}
 
 void* CudaUnified::allocate(std::size_t size) noexcept {
   return cuda_allocate<UnifiedOps>(size);

@@ -28,6 +28,7 @@ struct DriverApi {
   PFN_cuMemHostAlloc_v2020 cuMemHostAlloc;
   PFN_cuMemFreeHost_v2000 cuMemFreeHost;
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute;
+  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH;      // cuMemcpyDtoH_v2; optional: may be null
   PFN_cuGetErrorName_v6000 cuGetErrorName;  // optional: may be null
 };
 

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 
 #include "backend/backends.hpp"
 #include "backend/counters.hpp"
@@ -49,6 +50,11 @@ bool Host::deallocate(void* ptr, std::size_t size) noexcept {
     return false;
   }
   c.released(size);
+  return true;
+}
+
+bool CpuMemory::copy_out(void* dst, const void* src, std::size_t size) noexcept {
+  std::memcpy(dst, src, size);
   return true;
 }
 

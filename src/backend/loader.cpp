@@ -94,7 +94,7 @@ class Resolver {
 
 // Every entry point. Required: what loading and the backends need to
 // allocate and free. Optional (null when absent): the probes, test contexts,
-// advice and error names.
+// advice, the fork copy's device-to-host copy and error names.
 bool resolve_all(Resolver& r) noexcept {
   DriverApi& a = g_api;
   constexpr bool req = true;
@@ -120,6 +120,7 @@ bool resolve_all(Resolver& r) noexcept {
          r.resolve(&a.cuCtxCreate, "cuCtxCreate", "cuCtxCreate_v4", 12050, opt) &&
          r.resolve(&a.cuCtxDestroy, "cuCtxDestroy", "cuCtxDestroy_v2", 4000, opt) &&
          r.resolve(&a.cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute", 4000, opt) &&
+         r.resolve(&a.cuMemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020, opt) &&
          r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt);
   // clang-format on
 }

@@ -12,7 +12,7 @@
 namespace mnemosyne {
 
 template <class B>
-concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* ptr) {
+concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* ptr, void* dst) {
   // Returns `size` bytes (size > 0, a multiple of the page size), or
   // nullptr. Never falls back to another kind of memory.
   { B::allocate(size) }
@@ -21,18 +21,19 @@ concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* p
   // `ptr` is not a live block of this backend, or when the release failed.
   { B::deallocate(ptr, size) }
   noexcept->std::same_as<bool>;
+  // Copies `size` bytes of this backend's memory at `ptr` into host memory
+  // at `dst`, leaving the data where it lives (a CPU read of managed memory
+  // the CPU has not mapped would migrate it). False when the copy failed;
+  // `dst` may then hold part of it.
+  { B::copy_out(dst, ptr, size) }
+  noexcept->std::same_as<bool>;
 } && std::same_as<std::remove_cv_t<decltype(B::kId)>, BackendId> &&
     std::convertible_to<decltype(B::kName), const char*> &&
-    // mimalloc may reset (MADV_DONTNEED) unused pages of this memory.
-    std::same_as < std::remove_cv_t<decltype(B::supports_page_reset)>,
+    // A child created by fork() without exec still sees this memory.
+    std::same_as < std::remove_cv_t<decltype(B::inherited_by_fork)>,
 bool > &&
-       // Guard pages (mprotect) may be placed in this memory.
-       std::same_as<std::remove_cv_t<decltype(B::supports_make_guard)>, bool>&&
-           // mimalloc may decommit parts of this memory.
-           std::same_as<std::remove_cv_t<decltype(B::supports_decommit)>, bool>&&
-               // Worth caching freed blocks on the CPU side (as in the seed).
-               std::same_as<std::remove_cv_t<decltype(B::enable_cpu_cache)>, bool>&&
-                   // A child created by fork() without exec still sees this memory.
-                   std::same_as<std::remove_cv_t<decltype(B::inherited_by_fork)>, bool>;
+       // A page the CPU has not mapped (mincore says "not resident") may still
+       // hold data, somewhere only copy_out reads without moving it.
+       std::same_as<std::remove_cv_t<decltype(B::data_off_cpu)>, bool>;
 
 }  // namespace mnemosyne

@@ -130,9 +130,12 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
   w.put("  },\n  \"fallbacks\": {\"count\": %llu, \"reason\": ",
         static_cast<unsigned long long>(a.host_fallbacks));
   w.json_string(arena::fallback_reason());
-  w.put("},\n  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu\n}\n",
-        static_cast<unsigned long long>(a.driver_allocations),
-        static_cast<unsigned long long>(a.fork_bytes_copied));
+  w.put(
+      "},\n  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu,\n"
+      "  \"fork_bytes_via_driver\": %llu\n}\n",
+      static_cast<unsigned long long>(a.driver_allocations),
+      static_cast<unsigned long long>(a.fork_bytes_copied),
+      static_cast<unsigned long long>(a.fork_bytes_via_driver));
   return w.used();
 }
 

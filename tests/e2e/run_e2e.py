@@ -556,7 +556,8 @@ def case_bad_options(tmp, backend):
 EXPECTED_EXPORTS = {
     "malloc", "free", "calloc", "realloc", "reallocarray", "cfree", "posix_memalign",
     "aligned_alloc", "memalign", "valloc", "pvalloc", "malloc_usable_size", "malloc_trim",
-    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "pthread_create",
+    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "pthread_create", "fork", "sigaction",
+    "signal",
     "mnemosyne_owns", "mnemosyne_backend_of", "mnemosyne_active_backend", "mnemosyne_version",
     "mnemosyne_stats_json",
     # operator new / delete, every form

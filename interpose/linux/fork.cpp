@@ -1,0 +1,307 @@
+// fork() under the preload library.
+//
+// A forked child gets a copy of the parent's heap (src/arena/fork_copy.cpp),
+// which it must put in place before anything touches the heap. glibc's fork()
+// touches it in the child of a multi-threaded parent before any atfork child
+// handler runs, so from the last prepare handler until the fork is over a
+// SIGSEGV/SIGBUS handler of ours is installed: in the child, the first touch
+// of a missing segment makes it restore the copy and retry the access. Every
+// other fault, in the parent or the child, goes to the application's own
+// handler as the kernel would have delivered it. While ours is installed,
+// sigaction() and signal() for those two signals record the application's
+// new handler (and report it back) instead of replacing ours, so a handler
+// installed by another thread during the fork is neither lost nor skipped.
+//
+// The exported fork() first copies, through the driver, what the CPU has not
+// mapped (data that may live on the GPU): before any atfork handler runs,
+// because a driver's own prepare handler may hold the locks such a call
+// needs. A fork that does not go through it (daemon(), forkpty()) still gets
+// a complete copy, read with the CPU.
+#include "fork.hpp"
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+
+#include "arena/arena.hpp"
+#include "backend/driver_call.hpp"
+#include "bootstrap.hpp"
+#include "mode.hpp"
+
+namespace mnemosyne {
+namespace {
+
+using ForkFn = pid_t (*)();
+using SigactionFn = int (*)(int, const struct sigaction*, struct sigaction*);
+using SignalFn = sighandler_t (*)(int, sighandler_t);
+
+// The next definitions (glibc's), resolved on first use. dlsym may malloc,
+// which is served like any other request.
+template <class Fn>
+Fn next(std::atomic<Fn>& slot, const char* name) noexcept {
+  Fn fn = slot.load(std::memory_order_acquire);
+  if (fn == nullptr) {
+    fn = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, name));
+    slot.store(fn, std::memory_order_release);
+  }
+  return fn;
+}
+constinit std::atomic<ForkFn> g_fork{nullptr};
+constinit std::atomic<SigactionFn> g_sigaction{nullptr};
+constinit std::atomic<SignalFn> g_signal{nullptr};
+
+int real_sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
+  const SigactionFn fn = next(g_sigaction, "sigaction");
+  if (fn == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return fn(sig, act, old);
+}
+
+// ---- the fault handler and the application's handlers it stands in for
+
+constexpr int kSignals[2] = {SIGSEGV, SIGBUS};
+constexpr int slot_of(int sig) noexcept {
+  return sig == SIGSEGV ? 0 : 1;
+}
+
+// What the application installed for SIGSEGV / SIGBUS, written under g_lock.
+// The fault handler reads it without the lock (a signal handler cannot wait),
+// so every change goes to the spare copy first, then the index flips.
+struct AppActions {
+  struct sigaction copy[2][2];
+  std::atomic<int> current[2] = {0, 0};
+};
+constinit AppActions g_app{};
+constinit std::atomic<bool> g_window{false};  // our handler is installed
+constinit std::atomic<bool> g_lock{false};    // taken with every signal blocked
+
+class WindowLock {
+ public:
+  WindowLock() noexcept {
+    sigset_t all;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old_);
+    while (g_lock.exchange(true, std::memory_order_acquire)) {
+    }
+  }
+  ~WindowLock() {
+    g_lock.store(false, std::memory_order_release);
+    pthread_sigmask(SIG_SETMASK, &old_, nullptr);
+  }
+  WindowLock(const WindowLock&) = delete;
+  WindowLock& operator=(const WindowLock&) = delete;
+
+ private:
+  sigset_t old_;
+};
+
+struct sigaction app_action(int slot) noexcept {
+  return g_app.copy[slot][g_app.current[slot].load(std::memory_order_acquire)];
+}
+
+// Under g_lock.
+void set_app_action(int slot, const struct sigaction& act) noexcept {
+  const int spare = 1 - g_app.current[slot].load(std::memory_order_relaxed);
+  g_app.copy[slot][spare] = act;
+  g_app.current[slot].store(spare, std::memory_order_release);
+}
+
+bool is_default_or_ignore(const struct sigaction& a) noexcept {
+  return (a.sa_flags & SA_SIGINFO) == 0 && (a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN);
+}
+
+void on_fault(int sig, siginfo_t* info, void* context);
+
+// Ours, with the mask and flags the application asked for, so that the
+// kernel runs its handler (called from ours) as it would have run it.
+void install_ours(int sig, const struct sigaction& app) noexcept {
+  struct sigaction ours {};
+  ours.sa_sigaction = &on_fault;
+  ours.sa_mask = app.sa_mask;
+  ours.sa_flags = SA_SIGINFO | (app.sa_flags & (SA_ONSTACK | SA_NODEFER | SA_RESTART));
+  if (is_default_or_ignore(app)) ours.sa_flags |= SA_ONSTACK;
+  real_sigaction(sig, &ours, nullptr);
+}
+
+bool is_ours(const struct sigaction& a) noexcept {
+  return (a.sa_flags & SA_SIGINFO) != 0 && a.sa_sigaction == &on_fault;
+}
+
+// Delivers the signal to what the application installed, as the kernel
+// would have.
+void deliver_to_app(int sig, siginfo_t* info, void* context) noexcept {
+  const int slot = slot_of(sig);
+  const struct sigaction app = app_action(slot);
+  const bool from_fault = info != nullptr && info->si_code > 0;
+  if (is_default_or_ignore(app)) {
+    // A fault cannot be ignored: the kernel then kills the process. With the
+    // default action restored, the faulting access runs again and gets it;
+    // a signal sent by someone (kill) is raised again, unless ignored.
+    if (app.sa_handler == SIG_IGN && !from_fault) return;
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    real_sigaction(sig, &dfl, nullptr);
+    if (!from_fault) raise(sig);
+    return;
+  }
+  if ((app.sa_flags & SA_RESETHAND) != 0) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    WindowLock lock;
+    set_app_action(slot, dfl);
+  }
+  if ((app.sa_flags & SA_SIGINFO) != 0) {
+    app.sa_sigaction(sig, info, context);
+  } else {
+    app.sa_handler(sig);
+  }
+}
+
+void on_fault(int sig, siginfo_t* info, void* context) {
+  const int saved_errno = errno;
+  const bool restored = info != nullptr && info->si_code > 0 && (sig == SIGSEGV || sig == SIGBUS) &&
+                        arena::restore_child_heap(info->si_addr);
+  errno = saved_errno;
+  if (!restored) deliver_to_app(sig, info, context);
+}
+
+void open_window() noexcept {
+  WindowLock lock;
+  for (int sig : kSignals) {
+    struct sigaction app {};
+    if (real_sigaction(sig, nullptr, &app) != 0 || is_ours(app)) continue;
+    set_app_action(slot_of(sig), app);
+    install_ours(sig, app);
+  }
+  g_window.store(true, std::memory_order_release);
+}
+
+// Puts the application's handlers back, unless something replaced ours
+// behind sigaction() (a raw system call): that one stays.
+void close_window() noexcept {
+  WindowLock lock;
+  g_window.store(false, std::memory_order_release);
+  for (int sig : kSignals) {
+    struct sigaction now {};
+    if (real_sigaction(sig, nullptr, &now) != 0 || !is_ours(now)) continue;
+    const struct sigaction app = app_action(slot_of(sig));
+    real_sigaction(sig, &app, nullptr);
+  }
+}
+
+// ---- the atfork handlers and the fork() wrapper
+
+constinit bool g_fork_prepared = false;
+constinit pthread_mutex_t g_fork_mutex = PTHREAD_MUTEX_INITIALIZER;  // one early copy at a time
+
+void on_prepare_fork() noexcept {
+  g_fork_prepared = arena_mode();
+  if (!g_fork_prepared) return;
+  arena::prepare_fork();
+  open_window();
+}
+
+void on_parent_after_fork() noexcept {
+  if (!g_fork_prepared) return;
+  close_window();
+  arena::parent_after_fork();
+}
+
+void on_child_after_fork() noexcept {
+  if (!g_fork_prepared) return;
+  g_lock.store(false, std::memory_order_relaxed);  // its holder may not exist here
+  const bool ok = arena::child_after_fork();
+  close_window();
+  if (!ok) {
+    g_mode.store(Mode::host, std::memory_order_release);
+    warn_line(
+        "mnemosyne: this forked child's heap could not be restored; it continues on "
+        "the system allocator and ignores frees of its parent's blocks");
+  }
+}
+
+}  // namespace
+
+void install_fork_handling() noexcept {
+  pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);
+}
+
+}  // namespace mnemosyne
+
+using namespace mnemosyne;
+
+extern "C" {
+
+__attribute__((visibility("default"))) pid_t fork() {
+  const ForkFn real = next(g_fork, "fork");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!arena_mode() || in_driver_call()) return real();
+  pthread_mutex_lock(&g_fork_mutex);
+  if (!arena::copy_early()) {
+    pthread_mutex_unlock(&g_fork_mutex);
+    errno = ENOMEM;  // no memory for the child's copy of the heap
+    return -1;
+  }
+  const pid_t pid = real();
+  if (pid == 0) {
+    pthread_mutex_init(&g_fork_mutex, nullptr);
+    return 0;
+  }
+  const int saved_errno = errno;
+  arena::end_early();
+  pthread_mutex_unlock(&g_fork_mutex);
+  errno = saved_errno;
+  return pid;
+}
+
+__attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction* act,
+                                                     struct sigaction* old) {
+  if ((sig == SIGSEGV || sig == SIGBUS) && g_window.load(std::memory_order_acquire)) {
+    WindowLock lock;
+    if (g_window.load(std::memory_order_relaxed)) {
+      const int slot = slot_of(sig);
+      if (old != nullptr) *old = app_action(slot);
+      if (act != nullptr) {
+        set_app_action(slot, *act);
+        install_ours(sig, *act);
+      }
+      return 0;
+    }
+  }
+  return real_sigaction(sig, act, old);
+}
+
+// glibc's signal(): BSD semantics, the signal blocked in its own handler,
+// system calls restarted.
+__attribute__((visibility("default"))) sighandler_t signal(int sig, sighandler_t handler) {
+  if ((sig == SIGSEGV || sig == SIGBUS) && g_window.load(std::memory_order_acquire)) {
+    struct sigaction act {};
+    struct sigaction old {};
+    act.sa_handler = handler;
+    sigemptyset(&act.sa_mask);
+    sigaddset(&act.sa_mask, sig);
+    act.sa_flags = SA_RESTART;
+    if (handler == SIG_ERR || sigaction(sig, &act, &old) != 0) {
+      errno = EINVAL;
+      return SIG_ERR;
+    }
+    return old.sa_handler;
+  }
+  const SignalFn real = next(g_signal, "signal");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return SIG_ERR;
+  }
+  return real(sig, handler);
+}
+
+}  // extern "C"

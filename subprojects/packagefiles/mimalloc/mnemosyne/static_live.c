@@ -1,0 +1,93 @@
+/* The private mimalloc in one translation unit, plus mnemosyne's live-range
+ * walk over its arenas (mimalloc-live.h). The walk lives here, not in src/,
+ * because the arena table and the segment layout are internal to mimalloc:
+ * the whole mimalloc-specific reading of them stays in this one file, pinned
+ * to the 2.0.9 source it is built with. */
+#include "static.c"
+
+#include "mimalloc-live.h"
+
+static size_t mnemosyne_os_page(void) {
+  return _mi_os_page_size();
+}
+
+/* Widens [start, end) to whole OS pages, clipped to [lo, hi), and reports it. */
+static void mnemosyne_report(uint8_t* start, uint8_t* end, uint8_t* lo, uint8_t* hi,
+                             mnemosyne_mi_range_fn visit, void* arg) {
+  const size_t page = mnemosyne_os_page();
+  uint8_t* s = (uint8_t*)_mi_align_down((uintptr_t)start, page);
+  uint8_t* e = (uint8_t*)_mi_align_up((uintptr_t)end, page);
+  if (s < lo) s = lo;
+  if (e > hi) e = hi;
+  if (e > s) visit(s, (size_t)(e - s), arg);
+}
+
+/* One segment at `segment`, at most `room` bytes long (what is left of the
+ * arena). Returns the number of arena blocks it spans (at least 1). */
+static size_t mnemosyne_segment_live(mi_segment_t* segment, size_t room,
+                                     mnemosyne_mi_range_fn visit, void* arg) {
+  /* The fields are read once each: another thread may change them. */
+  const volatile mi_segment_t* vs = segment;
+  const size_t segment_slices = vs->segment_slices;
+  const size_t info_slices = vs->segment_info_slices;
+  size_t entries = vs->slice_entries;
+  if (vs->cookie != _mi_ptr_cookie(segment) || segment_slices == 0 || info_slices == 0 ||
+      info_slices > segment_slices) {
+    /* Not a segment header (being written right now, or never): copy the
+     * arena block whole rather than guess. */
+    mnemosyne_report((uint8_t*)segment, (uint8_t*)segment + MI_ARENA_BLOCK_SIZE,
+                     (uint8_t*)segment, (uint8_t*)segment + room, visit, arg);
+    return 1;
+  }
+  size_t bytes = segment_slices * MI_SEGMENT_SLICE_SIZE;
+  if (bytes > room) bytes = room;
+  uint8_t* lo = (uint8_t*)segment;
+  uint8_t* hi = lo + bytes;
+  if (entries > MI_SLICES_PER_SEGMENT) entries = MI_SLICES_PER_SEGMENT;
+
+  /* The segment's own metadata: header, slice table, span queues. */
+  mnemosyne_report(lo, lo + info_slices * MI_SEGMENT_SLICE_SIZE, lo, hi, visit, arg);
+
+  for (size_t i = info_slices; i < entries;) {
+    const volatile mi_slice_t* slice = &segment->slices[i];
+    size_t count = slice->slice_count;
+    const size_t xblock = slice->xblock_size;
+    const size_t capacity = slice->capacity;
+    if (count == 0 || count > entries - i) count = entries - i;
+    if (xblock > 0 && capacity > 0) { /* a page in use: its blocks handed out so far */
+      /* psize comes from the slice's own count: a huge page spans more slices
+       * than the table has entries. */
+      size_t psize = 0;
+      uint8_t* start = _mi_segment_page_start_from_slice(segment, (const mi_slice_t*)slice, xblock,
+                                                         &psize);
+      size_t bsize = xblock < MI_HUGE_BLOCK_SIZE ? xblock : psize;
+      size_t used = capacity * bsize;
+      if (used > psize || used / bsize != capacity) used = psize;
+      mnemosyne_report(start, start + used, lo, hi, visit, arg);
+    }
+    i += count;
+  }
+  return _mi_divide_up(bytes, MI_ARENA_BLOCK_SIZE);
+}
+
+int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit, void* arg) {
+  const size_t count = mi_atomic_load_acquire(&mi_arena_count);
+  for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
+    mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
+    if (arena == NULL) continue;
+    uint8_t* start = mi_atomic_load_ptr_relaxed(uint8_t, &arena->start);
+    if (start != (const uint8_t*)arena_start) continue;
+    const size_t blocks = arena->block_count;
+    for (size_t b = 0; b < blocks;) {
+      const size_t field = mi_atomic_load_relaxed(&arena->blocks_inuse[b / MI_BITMAP_FIELD_BITS]);
+      if ((field & ((size_t)1 << (b % MI_BITMAP_FIELD_BITS))) == 0) {
+        b++;
+        continue;
+      }
+      mi_segment_t* segment = (mi_segment_t*)(start + b * MI_ARENA_BLOCK_SIZE);
+      b += mnemosyne_segment_live(segment, (blocks - b) * MI_ARENA_BLOCK_SIZE, visit, arg);
+    }
+    return 1;
+  }
+  return 0;
+}
