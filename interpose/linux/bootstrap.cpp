@@ -31,7 +31,7 @@ extern char** environ;
 namespace mnemosyne {
 
 constinit std::atomic<Mode> g_mode{Mode::host};
-constinit std::atomic<bool> g_counting{false};
+constinit std::atomic<std::uint8_t> g_free_checks{0};
 constinit Policy g_policy{};
 
 namespace {
@@ -131,7 +131,7 @@ void start() noexcept {
   g_policy.routing = o.size_routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;
-  g_counting.store(g_policy.counting, std::memory_order_relaxed);
+  g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);
   if (o.show_stats || o.stats_file[0] != '\0') install_exit_report();
   g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
                std::memory_order_release);

@@ -15,8 +15,8 @@
 namespace mnemosyne {
 
 // Every case the fast paths do not handle: another mode, an arena that needs
-// to grow, a failure (NULL with errno = ENOMEM); a free while counting, of a
-// dedicated block, or of a block that is not ours.
+// to grow, a failure (NULL with errno = ENOMEM); a free while counting or
+// held, of a dedicated block, or of a block that is not ours.
 [[gnu::noinline]] void* malloc_slow(std::size_t size) noexcept;
 [[gnu::noinline]] void free_slow(void* ptr, std::uint8_t tag) noexcept;
 
@@ -30,8 +30,8 @@ inline void* fast_malloc(std::size_t size) noexcept {
 
 inline void fast_free(void* ptr) noexcept {
   const std::uint8_t tag = owner_tag(ptr);
-  if (__builtin_expect((tag & kOwnerArena) != 0 && !g_counting.load(std::memory_order_relaxed),
-                       1)) {
+  if (__builtin_expect(
+          (tag & kOwnerArena) != 0 && g_free_checks.load(std::memory_order_relaxed) == 0, 1)) {
     mi_free(ptr);
     return;
   }

@@ -21,8 +21,11 @@
 
 #include <dlfcn.h>
 #include <errno.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -119,13 +122,14 @@ bool is_default_or_ignore(const struct sigaction& a) noexcept {
 void on_fault(int sig, siginfo_t* info, void* context);
 
 // Ours, with the mask and flags the application asked for, so that the
-// kernel runs its handler (called from ours) as it would have run it.
+// kernel runs its handler (called from ours) as it would have run it; always
+// on the alternate stack, which for the forking thread is ours (see
+// ForkingThreadStack).
 void install_ours(int sig, const struct sigaction& app) noexcept {
   struct sigaction ours {};
   ours.sa_sigaction = &on_fault;
   ours.sa_mask = app.sa_mask;
-  ours.sa_flags = SA_SIGINFO | (app.sa_flags & (SA_ONSTACK | SA_NODEFER | SA_RESTART));
-  if (is_default_or_ignore(app)) ours.sa_flags |= SA_ONSTACK;
+  ours.sa_flags = SA_SIGINFO | SA_ONSTACK | (app.sa_flags & (SA_NODEFER | SA_RESTART));
   real_sigaction(sig, &ours, nullptr);
 }
 
@@ -195,6 +199,80 @@ void close_window() noexcept {
   }
 }
 
+// The forking thread's signal stack, for the window. In the child, the
+// thread's own stacks may lie in the heap that is still missing at the first
+// fault: an alternate stack the program malloc'd (gdb does), or the thread's
+// stack itself (a coroutine's). The kernel could not even deliver the fault
+// there, so the window gives the thread this static one, which the child
+// inherits, and puts the program's back afterwards. Not while the thread runs
+// on its own alternate stack (a fork from a signal handler): that one stays.
+class ForkingThreadStack {
+ public:
+  void enter() noexcept {
+    swapped_ = false;
+    if (sigaltstack(nullptr, &saved_) != 0 || (saved_.ss_flags & SS_ONSTACK) != 0) return;
+    stack_t ours{};
+    ours.ss_sp = stack_;
+    ours.ss_size = sizeof stack_;
+    swapped_ = sigaltstack(&ours, nullptr) == 0;
+  }
+  void leave() noexcept {
+    if (swapped_) sigaltstack(&saved_, nullptr);
+    swapped_ = false;
+  }
+
+ private:
+  alignas(64) unsigned char stack_[128 * 1024] = {};
+  stack_t saved_{};
+  bool swapped_ = false;
+};
+constinit ForkingThreadStack g_fork_stack;
+
+// ---- holding other threads' allocations while the heap is copied
+//
+// The copy is not a fork's instant snapshot: other threads run meanwhile. A
+// block they allocated, filled and published during it could reach the
+// child as a published pointer to memory copied before it was filled. So
+// while the copy runs, their malloc/free calls wait (Mode::held diverts the
+// fast paths into the slow ones, which wait here): whatever they allocate
+// then is allocated after the copy, in the parent only. The forking thread
+// itself never allocates during the copy (its asynchronous signals are
+// blocked), and nothing the copy does waits for another thread, so the wait
+// cannot deadlock. The hold ends with the copy, before glibc's fork takes its
+// own locks, which a waiting thread might hold.
+
+constinit Mode g_mode_before_hold = Mode::host;
+constinit std::atomic<int> g_hold_generation{0};  // the futex waiters sleep on
+
+long futex(std::atomic<int>* word, int op, int value, const timespec* timeout) noexcept {
+  return syscall(SYS_futex, reinterpret_cast<int*>(word), op, value, timeout, nullptr, 0);
+}
+
+class HeldCopy {
+ public:
+  HeldCopy() noexcept {
+    sigset_t async;
+    sigfillset(&async);
+    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP}) sigdelset(&async, sig);
+    pthread_sigmask(SIG_BLOCK, &async, &mask_);
+    g_mode_before_hold = g_mode.load(std::memory_order_relaxed);
+    g_mode.store(Mode::held, std::memory_order_seq_cst);
+    g_free_checks.fetch_or(kFreeHeld, std::memory_order_seq_cst);
+  }
+  ~HeldCopy() {
+    g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
+    g_mode.store(g_mode_before_hold, std::memory_order_seq_cst);
+    g_hold_generation.fetch_add(1, std::memory_order_seq_cst);
+    futex(&g_hold_generation, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr);
+    pthread_sigmask(SIG_SETMASK, &mask_, nullptr);
+  }
+  HeldCopy(const HeldCopy&) = delete;
+  HeldCopy& operator=(const HeldCopy&) = delete;
+
+ private:
+  sigset_t mask_;
+};
+
 // ---- the atfork handlers and the fork() wrapper
 
 constinit bool g_fork_prepared = false;
@@ -203,13 +281,18 @@ constinit pthread_mutex_t g_fork_mutex = PTHREAD_MUTEX_INITIALIZER;  // one earl
 void on_prepare_fork() noexcept {
   g_fork_prepared = arena_mode();
   if (!g_fork_prepared) return;
-  arena::prepare_fork();
+  {
+    HeldCopy held;
+    arena::prepare_fork();
+  }
+  g_fork_stack.enter();
   open_window();
 }
 
 void on_parent_after_fork() noexcept {
   if (!g_fork_prepared) return;
   close_window();
+  g_fork_stack.leave();
   arena::parent_after_fork();
 }
 
@@ -218,6 +301,7 @@ void on_child_after_fork() noexcept {
   g_lock.store(false, std::memory_order_relaxed);  // its holder may not exist here
   const bool ok = arena::child_after_fork();
   close_window();
+  g_fork_stack.leave();
   if (!ok) {
     g_mode.store(Mode::host, std::memory_order_release);
     warn_line(
@@ -227,6 +311,14 @@ void on_child_after_fork() noexcept {
 }
 
 }  // namespace
+
+void wait_while_held() noexcept {
+  const int generation = g_hold_generation.load(std::memory_order_seq_cst);
+  if (g_mode.load(std::memory_order_seq_cst) != Mode::held) return;
+  // A timeout, so that a wake-up lost to a race costs a millisecond, not a hang.
+  const timespec ms{0, 1000 * 1000};
+  futex(&g_hold_generation, FUTEX_WAIT_PRIVATE, generation, &ms);
+}
 
 void install_fork_handling() noexcept {
   pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);

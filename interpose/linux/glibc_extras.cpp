@@ -61,6 +61,7 @@ __attribute__((visibility("default"))) struct mallinfo mallinfo() noexcept {
 }
 
 __attribute__((visibility("default"))) int malloc_trim(std::size_t) noexcept {
+  if (current_mode() == Mode::held) wait_while_held();
   if (arena_mode()) mi_collect(true);
   return 1;
 }

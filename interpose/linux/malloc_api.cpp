@@ -75,12 +75,24 @@ void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept
   return counted(p, size);
 }
 
+// The mode for a request outside the fast path: waits out a fork's copy.
+Mode settled_mode() noexcept {
+  Mode mode = current_mode();
+  while (mode == Mode::held) {
+    wait_while_held();
+    mode = current_mode();
+  }
+  return mode;
+}
+
 void* aligned(std::size_t alignment, std::size_t size) noexcept {
-  const Mode mode = current_mode();
+  Mode mode = current_mode();
   if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = arena::alloc_aligned(size, alignment);
     return p != nullptr ? p : nomem();
   }
+  mode = settled_mode();
+  if (mode == Mode::arena) return aligned(alignment, size);
   if (mode == Mode::managed) return managed_alloc(size, alignment, false);
   return __libc_memalign(alignment, size);
 }
@@ -127,8 +139,8 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
 }  // namespace
 
 void* malloc_slow(std::size_t size) noexcept {
-  const Mode mode = current_mode();
-  if (mode == Mode::arena) {  // mimalloc returned NULL: grow, or fall back
+  const Mode mode = settled_mode();
+  if (mode == Mode::arena) {  // mimalloc returned NULL (or the mode was held): grow, or fall back
     void* p = arena::alloc_slow(size, 0, false);
     return p != nullptr ? p : nomem();
   }
@@ -138,7 +150,12 @@ void* malloc_slow(std::size_t size) noexcept {
 
 void free_slow(void* ptr, std::uint8_t tag) noexcept {
   if (ptr == nullptr) return;
-  if (g_counting.load(std::memory_order_relaxed)) count_release(ptr, tag);
+  std::uint8_t checks = g_free_checks.load(std::memory_order_relaxed);
+  while ((checks & kFreeHeld) != 0) {
+    wait_while_held();
+    checks = g_free_checks.load(std::memory_order_relaxed);
+  }
+  if ((checks & kFreeCounting) != 0) count_release(ptr, tag);
   if (tag != 0) {
     arena::free(ptr, tag);
   } else {
@@ -167,11 +184,13 @@ __attribute__((visibility("default"))) void cfree(void* ptr) noexcept {
 __attribute__((visibility("default"))) void* calloc(std::size_t count, std::size_t size) noexcept {
   std::size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return nomem();
-  const Mode mode = current_mode();
+  Mode mode = current_mode();
   if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = arena::alloc_zeroed(total);
     return p != nullptr ? p : nomem();
   }
+  mode = settled_mode();
+  if (mode == Mode::arena) return calloc(count, size);
   if (mode == Mode::managed) return managed_alloc(total, 0, true);
   return __libc_calloc(count, size);
 }
@@ -183,11 +202,13 @@ __attribute__((visibility("default"))) void* realloc(void* ptr, std::size_t size
     return nullptr;
   }
   const std::uint8_t tag = owner_tag(ptr);
-  const Mode mode = current_mode();
+  Mode mode = current_mode();
   if (__builtin_expect(mode == Mode::arena, 1)) {
     void* p = tag != 0 ? arena::realloc(ptr, tag, size) : realloc_foreign(ptr, size);
     return p != nullptr ? p : nomem();
   }
+  mode = settled_mode();
+  if (mode == Mode::arena) return realloc(ptr, size);
   return realloc_slow(mode, ptr, tag, size);
 }
 

@@ -11,7 +11,12 @@ enum class Mode : std::uint8_t {
   host = 0,     // before start-up, MNEMOSYNE_DISABLE, or a forked child that lost its heap
   arena = 1,    // every request to the arena: the fast path
   managed = 2,  // the arena, with MNEMOSYNE_SIZE routing and/or statistics counting
+  held = 3,     // a fork is copying the heap: requests wait in the slow paths (fork.cpp)
 };
+
+// What the fast path of free() must leave to free_slow, in one load.
+inline constexpr std::uint8_t kFreeCounting = 1;  // statistics count every free
+inline constexpr std::uint8_t kFreeHeld = 2;      // Mode::held: frees wait
 
 struct Policy {
   bool counting = false;  // statistics were asked for
@@ -21,8 +26,13 @@ struct Policy {
 };
 
 extern std::atomic<Mode> g_mode;
-extern std::atomic<bool> g_counting;  // same as g_policy.counting, read on free
-extern Policy g_policy;               // written before g_mode leaves host
+extern std::atomic<std::uint8_t> g_free_checks;  // kFree* bits
+extern Policy g_policy;                          // written before g_mode leaves host
+
+// While a fork on another thread copies the heap (Mode::held), waits until it
+// is done. The copy takes milliseconds; what is allocated or freed after it
+// starts would reach the child torn.
+void wait_while_held() noexcept;
 
 inline Mode current_mode() noexcept {
   return g_mode.load(std::memory_order_acquire);

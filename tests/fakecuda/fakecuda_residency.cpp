@@ -174,10 +174,10 @@ bool on_device(std::uintptr_t p) noexcept {
 void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept {
   const std::size_t page = page_size();
   auto* out = static_cast<unsigned char*>(dst);
+  DeviceRange* r = find_range(src);  // [src, src + n) lies in one block
   while (n > 0) {
     const std::size_t in_page = page - src % page;
     const std::size_t len = n < in_page ? n : in_page;
-    DeviceRange* r = find_range(src);
     bool from_store = false;
     if (r != nullptr) {
       const std::size_t index = (src - r->start.load()) / page;
@@ -186,7 +186,17 @@ void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept 
       from_store = r->state[index].load(std::memory_order_acquire) == kOnDevice;
       if (from_store) memcpy(out, r->store + (src - r->start.load()), len);
     }
-    if (!from_store) memcpy(out, reinterpret_cast<const void*>(src), len);
+    if (!from_store) {
+      // A page nobody has touched is not populated anywhere: it reads as
+      // zeros, as the driver knows without touching it.
+      unsigned char resident = 0;
+      const auto page_start = reinterpret_cast<void*>(src - src % page);
+      if (mincore(page_start, page, &resident) == 0 && (resident & 1) == 0) {
+        memset(out, 0, len);
+      } else {
+        memcpy(out, reinterpret_cast<const void*>(src), len);
+      }
+    }
     out += len;
     src += len;
     n -= len;
