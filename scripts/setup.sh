@@ -13,13 +13,16 @@ as_root() {
   fi
 }
 
-# Build: compilers, meson, GoogleTest. Tests: the unmodified programs the
-# end-to-end tests run under the interposer (python3, gcc, git, sort, xz).
+# Build: compilers, meson, GoogleTest, nlohmann-json (the launcher). Tests:
+# the unmodified programs the end-to-end tests run under the interposer
+# (python3, gcc, git, sort, xz, gdb, OpenMPI's mpirun), clang with libFuzzer
+# and the sanitizer runtimes, valgrind.
 packages=(
   build-essential g++ gcc meson ninja-build pkg-config
-  libgtest-dev googletest
+  libgtest-dev googletest nlohmann-json3-dev
   python3 python3-matplotlib git xz-utils coreutils
-  clang-format
+  clang-format clang libclang-rt-14-dev valgrind
+  gdb openmpi-bin libopenmpi-dev
 )
 
 missing=()
@@ -46,38 +49,6 @@ else
   say "install the CUDA Toolkit (headers suffice) or set CUDA_PATH. The build will stop."
 fi
 
-# mimalloc 2.0.9: Debian's source package, as the wrap file names it.
-pkgfiles="$root/subprojects/packagefiles"
-tarball="mimalloc_2.0.9+ds.orig.tar.xz"
-want_hash=$(sed -n 's/^source_hash *= *//p' "$root/subprojects/mimalloc.wrap")
-if [ -f "$pkgfiles/$tarball" ] && echo "$want_hash  $pkgfiles/$tarball" | sha256sum -c --quiet 2>/dev/null; then
-  say "mimalloc source: present"
-else
-  say "fetching Debian's mimalloc source package (apt-get source)"
-  work=$(mktemp -d); chmod 755 "$work"
-  trap 'rm -rf "$work"' EXIT
-  mkdir -p "$work/parts" "$work/lists/partial" "$work/dl"
-  # Derive a deb-src list from this machine's own apt sources, in a private
-  # directory, so the system's apt configuration and state stay untouched.
-  for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
-    [ -f "$f" ] || continue
-    sed -n 's/^[[:space:]]*deb[[:space:]]/deb-src /p' "$f" >>"$work/parts/derived.list"
-  done
-  for f in /etc/apt/sources.list.d/*.sources; do
-    [ -f "$f" ] || continue
-    sed 's/^Types:[[:space:]]*deb[[:space:]]*$/Types: deb-src/' "$f" >"$work/parts/$(basename "$f")"
-  done
-  apt_opts=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$work/parts"
-            -o "Dir::State::Lists=$work/lists" -o Debug::NoLocking=1)
-  apt-get "${apt_opts[@]}" update -qq
-  (cd "$work/dl" && apt-get "${apt_opts[@]}" source --download-only -qq mimalloc=2.0.9+ds-2 2>&1 |
-     grep -v 'unsandboxed' || true)
-  if [ ! -f "$work/dl/$tarball" ]; then
-    say "apt-get source did not produce $tarball"; exit 1
-  fi
-  mkdir -p "$pkgfiles"
-  cp "$work/dl/$tarball" "$pkgfiles/$tarball"
-  echo "$want_hash  $pkgfiles/$tarball" | sha256sum -c --quiet
-  say "mimalloc source: $pkgfiles/$tarball"
-fi
+# mimalloc 2.0.9: Debian's source package (meson setup fetches it too).
+"$root/scripts/fetch-mimalloc.sh"
 say "done"

@@ -3,6 +3,7 @@
 # the unit tests again under AddressSanitizer+UBSan and ThreadSanitizer.
 # Usage: scripts/test.sh [--quick]   (--quick: skip the sanitizer builds)
 set -euo pipefail
+shopt -s extglob
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 quick=0
@@ -64,6 +65,24 @@ if [ $quick -eq 0 ]; then
   ninja -C build-tsan
   TSAN_OPTIONS="halt_on_error=1 allocator_may_return_null=1 suppressions=$root/tests/unit/tsan.supp" \
     run_suite build-tsan --suite tsan || status=1
+fi
+
+if [ $quick -eq 0 ]; then
+  echo "== the README's install line, on a fresh clone"
+  line=$(sed -n 's/^    \(meson setup build --prefix=[^ ]* && meson install -C build\)$/\1/p' README.md)
+  fresh=$(mktemp -d)
+  if [ -z "$line" ]; then
+    echo "install: the README has no install line"; status=1; failed=$((failed + 1))
+  elif git clone -q "$root" "$fresh/src" &&
+       (cd "$fresh/src" && eval "${line/--prefix=*([^ ])/--prefix=$fresh/prefix}" >"$fresh/log" 2>&1) &&
+       "$fresh/prefix/bin/mnemosyne" run --backend host -- python3 -c 'print("installed")' |
+         grep -qx installed; then
+    echo "install: ok ($line)"; passed=$((passed + 1))
+  else
+    echo "install: the README's install line failed on a fresh clone:"; tail -20 "$fresh/log"
+    status=1; failed=$((failed + 1))
+  fi
+  rm -rf "$fresh"
 fi
 
 echo "$passed passed, $failed failed"

@@ -449,6 +449,45 @@ def case_fork_gdb(tmp, backend):
     check_heap(events, backend, 0)
 
 
+MPI_PROGRAM = r"""
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  int rank, size;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  int n = 1 << 16;
+  double* v = malloc(n * sizeof *v);
+  for (int i = 0; i < n; ++i) v[i] = rank + i * 1e-3;
+  double local = 0, total = 0;
+  for (int i = 0; i < n; ++i) local += v[i];
+  MPI_Allreduce(&local, &total, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+  if (rank == 0) printf("ranks %d total %.3f\n", size, total);
+  free(v);
+  MPI_Finalize();
+  return 0;
+}
+"""
+
+
+def case_fork_mpirun(tmp, backend):
+    """OpenMPI's mpirun is multi-threaded and forks (then execs) its ranks."""
+    src = os.path.join(tmp, "ring.c")
+    exe = os.path.join(tmp, "ring")
+    with open(src, "w") as f:
+        f.write(MPI_PROGRAM)
+    subprocess.run(["mpicc", "-O2", src, "-o", exe], check=True)
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", exe]
+    events, base, _ = twice(tmp, backend, cmd, "mpirun", stdout_only=True)
+    expect(base.stdout.startswith(b"ranks 3 total"), f"mpirun without mnemosyne: {base.stdout!r}")
+    check_heap(events, backend, 0)
+    if backend != "host":
+        ranks = {e["pid"] for e in events if e["event"] == "alloc"}
+        expect(len(ranks) >= 4, f"mpirun and its 3 ranks should each allocate driver memory: {ranks}")
+
+
 PY_FORK_THREADS = r"""
 import concurrent.futures, multiprocessing as mp, os, threading, time, hashlib
 data = {i: hashlib.sha256(str(i).encode()).hexdigest() * 8 for i in range(20000)}
