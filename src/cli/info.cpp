@@ -7,11 +7,12 @@
 #include <string>
 #include <string_view>
 
+#include <nlohmann/json.hpp>
+
 #include "backend/backend_id.hpp"
 #include "backend/backends.hpp"
 #include "backend/probe.hpp"
 #include "cli/cli.hpp"
-#include "cli/json.hpp"
 
 namespace mnemosyne::cli {
 namespace {
@@ -106,49 +107,47 @@ void print_text(const Report& r) {
 }
 
 void print_json(const Report& r) {
+  using Json = nlohmann::ordered_json;  // keys in the order written here
   const DriverReport& d = r.driver;
-  json::Writer w(true);
-  w.begin_object();
-  w.key("schema").value("mnemosyne-info/1");
-  w.key("version").value(MNEMOSYNE_VERSION);
-  w.key("driver").begin_object();
-  w.key("available").value(d.available);
-  w.key("path").value(d.path);
-  w.key("version").value(d.version);
-  w.key("version_text").value(version_text(d.version));
-  w.key("reason").value(d.available ? "" : d.reason);
-  w.end_object();
-  w.key("device_count").value(d.device_count);
-  w.key("devices").begin_array();
+  Json devices = Json::array();
   for (int i = 0; i < r.listed; ++i) {
     const DeviceReport& dev = d.devices[i];
-    w.begin_object();
-    w.key("ordinal").value(dev.ordinal);
-    w.key("name").value(dev.name);
-    w.key("total_memory").value(static_cast<std::uint64_t>(dev.total_memory));
-    w.key("compute_capability")
-        .value(std::to_string(dev.compute_major) + "." + std::to_string(dev.compute_minor));
-    w.key("compute_major").value(dev.compute_major);
-    w.key("compute_minor").value(dev.compute_minor);
-    w.key("concurrent_managed_access").value(dev.concurrent_managed_access != 0);
-    w.key("pageable_memory_access").value(dev.pageable_memory_access != 0);
-    w.end_object();
+    devices.push_back({
+        {"ordinal", dev.ordinal},
+        {"name", dev.name},
+        {"total_memory", static_cast<std::uint64_t>(dev.total_memory)},
+        {"compute_capability",
+         std::to_string(dev.compute_major) + "." + std::to_string(dev.compute_minor)},
+        {"compute_major", dev.compute_major},
+        {"compute_minor", dev.compute_minor},
+        {"concurrent_managed_access", dev.concurrent_managed_access != 0},
+        {"pageable_memory_access", dev.pageable_memory_access != 0},
+    });
   }
-  w.end_array();
-  w.key("pageable_memory_access_everywhere").value(r.pageable_everywhere);
-  w.key("backends").begin_object();
+  Json backends = Json::object();
   for (const BackendId id : kOrder) {
     const int i = static_cast<int>(id);
-    w.key(backend_name(id)).begin_object();
-    w.key("cuda").value(is_cuda_backend(id));
-    w.key("works").value(r.works[i]);
-    w.end_object();
+    backends[backend_name(id)] = {{"cuda", is_cuda_backend(id)}, {"works", r.works[i]}};
   }
-  w.end_object();
-  w.key("ok").value(r.ok);
-  w.key("reason").value(r.reason);
-  w.end_object();
-  std::fputs(w.str().c_str(), stdout);
+  const Json doc = {
+      {"schema", "mnemosyne-info/1"},
+      {"version", MNEMOSYNE_VERSION},
+      {"driver",
+       {{"available", d.available},
+        {"path", d.path},
+        {"version", d.version},
+        {"version_text", version_text(d.version)},
+        {"reason", d.available ? "" : d.reason}}},
+      {"device_count", d.device_count},
+      {"devices", std::move(devices)},
+      {"pageable_memory_access_everywhere", r.pageable_everywhere},
+      {"backends", std::move(backends)},
+      {"ok", r.ok},
+      {"reason", r.reason},
+  };
+  // Driver and device names come from the driver: invalid UTF-8 in them is
+  // replaced, so the output is always valid JSON.
+  std::puts(doc.dump(2, ' ', false, Json::error_handler_t::replace).c_str());
 }
 
 }  // namespace

@@ -10,18 +10,26 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "cli/cli.hpp"
-#include "cli/json.hpp"
 
 namespace mnemosyne::cli {
 namespace {
 
+using Json = nlohmann::ordered_json;  // ordered: pools in the file's order
+
 constexpr std::string_view kCommand = "stats";
+// A statistics file is a few KiB: anything far larger is not one, and is not
+// read into memory whole.
+constexpr std::uintmax_t kMaxFileBytes = std::uintmax_t{16} << 20;
+// JSON nested deeper than this is not a statistics file (which nests 3 deep).
+constexpr int kMaxDepth = 32;
 constexpr std::string_view kSchema = "mnemosyne-stats/1";
 constexpr const char* kPython = "/usr/bin/python3";
 // plot_stats.py's exit status when matplotlib cannot be imported.
@@ -75,18 +83,98 @@ std::string read_whole(const std::string& path, std::string* error) {
     *error = path + ": cannot open: " + strerror(errno);
     return {};
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
+  std::string text;
+  char chunk[1 << 16];
+  while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+    text.append(chunk, static_cast<std::size_t>(in.gcount()));
+    if (text.size() > kMaxFileBytes) {
+      *error = path + ": not a mnemosyne statistics file (larger than " +
+               std::to_string(kMaxFileBytes >> 20) + " MiB)";
+      return {};
+    }
+  }
   if (in.bad()) {
     *error = path + ": cannot read: " + strerror(errno);
     return {};
   }
-  return buf.str();
+  return text;
 }
 
-std::string string_member(const json::Value& obj, const char* key) {
-  const json::Value* v = obj.find(key);
-  return v != nullptr && v->is_string() ? v->text() : std::string();
+const Json* member(const Json& obj, const char* key) {
+  const auto it = obj.find(key);
+  return it == obj.end() ? nullptr : &*it;
+}
+
+std::string string_member(const Json& obj, const char* key) {
+  const Json* v = member(obj, key);
+  return v != nullptr && v->is_string() ? v->get<std::string>() : std::string();
+}
+
+// A non-negative integer that fits in 64 bits (JSON numbers with a fraction
+// or an exponent, and negative ones, are not).
+std::optional<std::uint64_t> as_u64(const Json& v) {
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_integer() && v.get<std::int64_t>() >= 0) return v.get<std::uint64_t>();
+  return std::nullopt;
+}
+
+std::optional<std::int64_t> as_i64(const Json& v) {
+  if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
+  if (v.is_number_unsigned() && v.get<std::uint64_t>() <= INT64_MAX) return v.get<std::int64_t>();
+  return std::nullopt;
+}
+
+struct TooDeep {};
+
+// The parser's message quotes what it read last, which may be any bytes of
+// the file: control and non-ASCII bytes become \xNN, and it is cut short, so
+// the error stays one readable line.
+std::string printable(std::string_view text) {
+  constexpr std::size_t kMax = 200;
+  std::string out;
+  for (const char ch : text) {
+    if (out.size() >= kMax) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(ch);
+    if (c >= 0x20 && c < 0x7f) {
+      out += ch;
+    } else {
+      char hex[5];
+      std::snprintf(hex, sizeof hex, "\\x%02x", c);
+      out += hex;
+    }
+  }
+  return out;
+}
+
+// Parses `text`; on error *error says where and what, in one line.
+// nlohmann's message without its "[json.exception.parse_error.101] parse
+// error " prefix: "at line 1, column 2: syntax error ...".
+std::string parser_message(const std::exception& e) {
+  std::string what = e.what();
+  if (what.rfind("[json.exception.", 0) == 0) {
+    if (const std::size_t end = what.find("] "); end != std::string::npos) what.erase(0, end + 2);
+  }
+  if (what.rfind("parse error ", 0) == 0) what.erase(0, 12);
+  return printable(what);
+}
+
+// Parses `text`; on error *error says where and what, in one line.
+std::optional<Json> parse(const std::string& path, const std::string& text, std::string* error) {
+  try {
+    return Json::parse(text, [](int depth, Json::parse_event_t, Json&) {
+      if (depth > kMaxDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    *error = path + ": not a mnemosyne statistics file (nested deeper than " +
+             std::to_string(kMaxDepth) + " levels)";
+  } catch (const std::exception& e) {
+    *error = path + ": not valid JSON (" + parser_message(e) + ")";
+  }
+  return std::nullopt;
 }
 
 // Loads and checks one file; false with *error set to one line.
@@ -97,76 +185,72 @@ bool load(const std::string& path, StatsFile* out, std::string* error) {
     *error = read_error;
     return false;
   }
-  json::ParseError pe;
-  const std::optional<json::Value> doc = json::parse(text, &pe);
-  if (!doc) {
-    *error = path + ": not valid JSON (line " + std::to_string(pe.line) + ", column " +
-             std::to_string(pe.column) + ": " + pe.message + ")";
-    return false;
-  }
-  if (!doc->is_object()) {
+  const std::optional<Json> parsed = parse(path, text, error);
+  if (!parsed) return false;
+  const Json& doc = *parsed;
+  if (!doc.is_object()) {
     *error = path + ": not a mnemosyne statistics file (the JSON is not an object)";
     return false;
   }
-  const json::Value* schema = doc->find("schema");
+  const Json* schema = member(doc, "schema");
   if (schema == nullptr || !schema->is_string()) {
     *error = path + ": not a mnemosyne statistics file (no \"schema\" string; expected \"" +
              std::string(kSchema) + "\")";
     return false;
   }
-  if (schema->text() != kSchema) {
-    *error = path + ": schema \"" + schema->text() +
-             "\" is not supported; this mnemosyne reads \"" + std::string(kSchema) +
+  if (schema->get<std::string>() != kSchema) {
+    *error = path + ": schema " + schema->dump(-1, ' ', false, Json::error_handler_t::replace) +
+             " is not supported; this mnemosyne reads \"" + std::string(kSchema) +
              "\" (use the mnemosyne that wrote the file)";
     return false;
   }
-  const json::Value* pools = doc->find("pools");
+  const Json* pools = member(doc, "pools");
   if (pools == nullptr || !pools->is_object()) {
     *error = path + ": \"pools\" is missing or not an object";
     return false;
   }
 
   out->path = path;
-  out->program = string_member(*doc, "program");
-  out->requested_backend = string_member(*doc, "requested_backend");
-  out->active_backend = string_member(*doc, "active_backend");
-  if (const json::Value* v = doc->find("pid"); v != nullptr && v->as_i64()) out->pid = *v->as_i64();
-  if (const json::Value* v = doc->find("device"); v != nullptr && v->as_i64()) {
-    out->device = *v->as_i64();
+  out->program = string_member(doc, "program");
+  out->requested_backend = string_member(doc, "requested_backend");
+  out->active_backend = string_member(doc, "active_backend");
+  if (const Json* v = member(doc, "pid"); v != nullptr && as_i64(*v)) out->pid = *as_i64(*v);
+  if (const Json* v = member(doc, "device"); v != nullptr && as_i64(*v)) {
+    out->device = *as_i64(*v);
   }
-  if (const json::Value* v = doc->find("counting"); v != nullptr && v->is_bool()) {
-    out->counting = v->boolean();
+  if (const Json* v = member(doc, "counting"); v != nullptr && v->is_boolean()) {
+    out->counting = v->get<bool>();
     out->counting_known = true;
   }
-  if (const json::Value* f = doc->find("fallbacks"); f != nullptr && f->is_object()) {
-    if (const json::Value* c = f->find("count"); c != nullptr && c->as_u64()) {
-      out->fallbacks = *c->as_u64();
+  if (const Json* f = member(doc, "fallbacks"); f != nullptr && f->is_object()) {
+    if (const Json* c = member(*f, "count"); c != nullptr && as_u64(*c)) {
+      out->fallbacks = *as_u64(*c);
       out->fallbacks_known = true;
     }
     out->fallback_reason = string_member(*f, "reason");
   }
 
-  for (std::size_t p = 0; p < pools->size(); ++p) {
-    const json::Value& obj = pools->value_at(p);
+  for (const auto& [name, obj] : pools->items()) {
     Pool pool;
-    pool.name = pools->key_at(p);
+    pool.name = name;
     if (!obj.is_object()) {
       *error = path + ": pools." + pool.name + " is not an object";
       return false;
     }
     for (std::size_t c = 0; c < kCounterCount; ++c) {
-      const json::Value* v = obj.find(kCounters[c].key);
+      const Json* v = member(obj, kCounters[c].key);
       if (v == nullptr) continue;  // shown as "-"
       if (kCounters[c].real) {
-        const std::optional<double> d = v->as_double();
-        if (!d || *d < 0) {
+        const std::optional<double> d =
+            v->is_number() ? std::optional<double>(v->get<double>()) : std::nullopt;
+        if (!d || !(*d >= 0)) {
           *error = path + ": pools." + pool.name + "." + kCounters[c].key +
                    " is not a non-negative number";
           return false;
         }
         pool.ms = *d;
       } else {
-        const std::optional<std::uint64_t> n = v->as_u64();
+        const std::optional<std::uint64_t> n = as_u64(*v);
         if (!n) {
           *error = path + ": pools." + pool.name + "." + kCounters[c].key +
                    " is not a non-negative integer";
@@ -255,36 +339,27 @@ void print_table(const StatsFile& f) {
 
 // The chart's data, as plot_stats.py reads it on stdin.
 std::string plot_input(const std::vector<StatsFile>& files, const std::string& output) {
-  json::Writer w(false);
-  w.begin_object();
-  w.key("output").value(output);
-  w.key("files").begin_array();
+  Json doc = {{"output", output}, {"files", Json::array()}};
   for (const StatsFile& f : files) {
-    w.begin_object();
     std::string label = f.path;
     if (const std::size_t slash = label.rfind('/'); slash != std::string::npos) {
       label.erase(0, slash + 1);
     }
-    w.key("label").value(label);
-    w.key("pools").begin_array();
+    Json pools = Json::array();
     for (const Pool& p : f.pools) {
-      w.begin_object();
-      w.key("name").value(p.name);
+      Json pool = {{"name", p.name}};
       for (std::size_t c = 0; c < kCounterCount; ++c) {
         if (kCounters[c].real) {
-          w.key(kCounters[c].key).value(p.ms);
+          pool[kCounters[c].key] = p.ms;
         } else {
-          w.key(kCounters[c].key).value(p.n[c]);
+          pool[kCounters[c].key] = p.n[c];
         }
       }
-      w.end_object();
+      pools.push_back(std::move(pool));
     }
-    w.end_array();
-    w.end_object();
+    doc["files"].push_back({{"label", label}, {"pools", std::move(pools)}});
   }
-  w.end_array();
-  w.end_object();
-  return w.str();
+  return doc.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 bool write_all(int fd, const std::string& data) {

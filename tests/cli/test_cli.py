@@ -362,6 +362,72 @@ class StatsTests(Base):
         self.assertEqual(r.returncode, 1)
         self.assertIn("absent.json", r.stderr)
 
+    def assertRefused(self, path, needle):
+        r = launch(["stats", path])
+        self.assertEqual(r.returncode, 1, f"{path}: {r.returncode} {r.stderr[-300:]!r}")
+        lines = stderr_lines(r)
+        self.assertEqual(len(lines), 1, r.stderr[-500:])
+        self.assertIn(needle, lines[0])
+        self.assertLess(len(lines[0]), 600, "the message should be one readable line")
+        self.assertEqual(r.stdout, "")
+
+    def test_hostile_files(self):
+        """Files users hand to `stats` that no mnemosyne wrote: one clear
+        line each, exit status 1, no crash."""
+        good = json.dumps(STATS_GOOD)
+        bad_number = lambda v: good.replace('"frees": 1100', '"frees": ' + v)
+        cases = {
+            "empty.json": ("", "not valid JSON"),
+            "spaces.json": ("   \n\t ", "not valid JSON"),
+            "garbage.bin": (bytes(range(256)) * 40, "not valid JSON"),
+            "nul.json": (good[:40] + "\0" + good[40:], "not valid JSON"),
+            "bad-utf8.json": (good.replace("mnemosyne-stats/1", "mnemosyne-\udcff").encode(
+                "utf-8", "surrogateescape"), "not valid JSON"),
+            "deep.json": ("[" * 200000, "nested deeper than"),
+            "deep-object.json": ('{"a":' * 100000 + "1" + "}" * 100000, "nested deeper than"),
+            "huge.json": ('{"schema": "mnemosyne-stats/1", "pools": {}, "pad": "' +
+                          "x" * (17 << 20) + '"}', "larger than 16 MiB"),
+            "too-big-int.json": (bad_number("18446744073709551616"), "pools.unified.frees"),
+            "negative.json": (bad_number("-1"), "pools.unified.frees"),
+            "fraction.json": (bad_number("1.5"), "pools.unified.frees"),
+            "exponent.json": (bad_number("1e400"), "not valid JSON"),
+            "nan.json": (bad_number("NaN"), "not valid JSON"),
+            "trailing-comma.json": (good[:-1] + ",}", "not valid JSON"),
+            "comment.json": ("// stats\n" + good, "not valid JSON"),
+            "two-documents.json": (good + good, "not valid JSON"),
+            "pools-array.json": (json.dumps(dict(STATS_GOOD, pools=[1])), '"pools"'),
+            "pool-number.json": (json.dumps(dict(STATS_GOOD, pools={"unified": 3})),
+                                 "pools.unified is not an object"),
+            "schema-number.json": (json.dumps(dict(STATS_GOOD, schema=1)), "schema"),
+        }
+        for name, (content, needle) in cases.items():
+            with self.subTest(file=name):
+                path = os.path.join(self.tmp, name)
+                with open(path, "wb") as f:
+                    f.write(content if isinstance(content, bytes) else content.encode(
+                        "utf-8", "surrogateescape"))
+                self.assertRefused(path, needle)
+        with self.subTest(file="a directory"):
+            self.assertRefused(self.tmp, self.tmp)
+        with self.subTest(file="/dev/zero"):
+            self.assertRefused("/dev/zero", "not")
+        # Every truncation of a good file is refused the same way.
+        path = os.path.join(self.tmp, "cut.json")
+        for cut in range(0, len(good) - 1, max(1, len(good) // 60)):
+            with self.subTest(cut=cut):
+                with open(path, "w") as f:
+                    f.write(good[:cut])
+                self.assertRefused(path, "not valid JSON")
+
+    def test_large_but_valid(self):
+        """Many pools and long names are shown, not refused."""
+        pools = {f"pool{i}": STATS_GOOD["pools"]["unified"] for i in range(5000)}
+        pools["n" * 100000] = STATS_GOOD["pools"]["unified"]
+        path = self.write("many.json", dict(STATS_GOOD, pools=pools))
+        r = launch(["stats", path])
+        self.assertEqual(r.returncode, 0, r.stderr[-500:])
+        self.assertIn("pool4999", r.stdout)
+
     def test_usage_errors(self):
         self.assertUsageError(launch(["stats"]), "FILE")
         self.assertUsageError(launch(["stats", "--plot"]), "--plot")
