@@ -95,7 +95,7 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     char detail[200];
     describe_last_failure(backend, detail, sizeof detail);
     if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
-      std::snprintf(why, why_len, "the CUDA driver is unavailable: %.200s", driver_info().reason);
+      std::snprintf(why, why_len, "the CUDA driver is unavailable: %.470s", driver_info().reason);
     } else if (detail[0] != '\0') {
       std::snprintf(why, why_len, "%s", detail);
     } else {
@@ -104,13 +104,21 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     }
     return false;
   }
-  // Mark ownership before mimalloc can hand out a block of it.
+  // Into the table (which a fork's copy walks) and the ownership map before
+  // mimalloc can hand out a block of it.
+  if (!g_state.table.add(seg, /*dedicated=*/false)) {
+    release_segment(seg);
+    std::snprintf(why, why_len, "mnemosyne's segment table is full (%zu segments)",
+                  SegmentTable::kCapacity);
+    return false;
+  }
   owner_map_set(seg.start, seg.size,
                 static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
   const bool is_zero = backend == BackendId::host;
   if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/true, /*is_large=*/false,
-                              is_zero, /*numa_node=*/-1, /*exclusive=*/false, nullptr) ||
-      !g_state.table.add(seg, /*dedicated=*/false)) {
+                              is_zero, /*numa_node=*/-1, /*exclusive=*/false, nullptr)) {
+    Segment removed;
+    g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
     release_segment(seg);
     std::snprintf(why, why_len, "mimalloc refused a new arena");
     return false;
@@ -142,12 +150,12 @@ bool grow(std::size_t min_bytes, std::uint32_t seen) noexcept {
   if (!lock_grow()) return false;
   bool ok = true;
   if (g_state.generation.load(std::memory_order_acquire) == seen) {
-    char why[256];
+    char why[kReasonLen];
     ok = add_arena_locked(min_bytes, why, sizeof why);
     if (!ok) {
       // The backend said no: stop asking it (each attempt is a driver call).
       g_state.exhausted.store(true, std::memory_order_release);
-      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%.250s", why);
+      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%s", why);
     }
   }
   pthread_mutex_unlock(&g_state.grow_lock);
@@ -160,10 +168,10 @@ void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* w
   if (g_state.cfg.fallback == Fallback::fail) return nullptr;
   void* p = host_alloc(size, alignment, zero, g_state.host_fallbacks);
   if (p != nullptr && !g_state.warned_fallback.exchange(true)) {
-    std::snprintf(g_state.fallback_reason, sizeof g_state.fallback_reason, "%.250s", why);
-    char line[512];
+    std::snprintf(g_state.fallback_reason, sizeof g_state.fallback_reason, "%s", why);
+    char line[kReasonLen + 128];
     std::snprintf(line, sizeof line,
-                  "mnemosyne: the %s backend could not serve a request (%.256s); "
+                  "mnemosyne: the %s backend could not serve a request (%s); "
                   "such requests now use host memory",
                   backend_name(g_state.backend.load()), why);
     warn(line);
@@ -171,22 +179,43 @@ void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* w
   return p;
 }
 
-void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero) noexcept {
-  if (g_state.exhausted.load(std::memory_order_acquire)) return nullptr;
+// A block with a segment of its own; null with `why` set when there is none.
+void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* why,
+                      std::size_t why_len) noexcept {
+  if (g_state.exhausted.load(std::memory_order_acquire)) {
+    std::snprintf(why, why_len, "%s", g_state.exhausted_reason);
+    return nullptr;
+  }
   const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
   const std::size_t align = std::max(alignment, kSegmentAlign);
   const std::size_t rounded = round_up(size, kSegmentAlign);
   // Larger than the address space the ownership map describes: no backend
   // call can succeed, so none is made.
   constexpr std::size_t kAddressSpace = std::size_t{1} << kAddressBits;
-  if (rounded < size || rounded > kAddressSpace || align > kAddressSpace) return nullptr;
-  if (!within_limit(backend, rounded + align)) return nullptr;
+  if (rounded < size || rounded > kAddressSpace || align > kAddressSpace) {
+    std::snprintf(why, why_len, "%zu bytes aligned to %zu exceed the address space", size,
+                  alignment);
+    return nullptr;
+  }
+  if (!within_limit(backend, rounded + align)) {
+    std::snprintf(why, why_len, "the limit of %zu bytes is reached", g_state.cfg.limit);
+    return nullptr;
+  }
   Segment seg;
-  if (!acquire_segment(backend, rounded, align, &seg)) return nullptr;
+  if (!acquire_segment(backend, rounded, align, &seg)) {
+    describe_last_failure(backend, why, why_len);
+    if (why[0] == '\0') {
+      std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB",
+                    backend_name(backend), rounded >> 20);
+    }
+    return nullptr;
+  }
   owner_map_set(seg.start, seg.size,
                 static_cast<std::uint8_t>(kOwnerDedicated | std::uint8_t(backend)));
   if (!g_state.table.add(seg, /*dedicated=*/true)) {
     release_segment(seg);
+    std::snprintf(why, why_len, "mnemosyne's segment table is full (%zu segments)",
+                  SegmentTable::kCapacity);
     return nullptr;
   }
   if (is_cuda_backend(backend)) g_state.backend_bytes.fetch_add(seg.raw_size);
@@ -216,15 +245,15 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   report->requested = cfg.backend;
   g_state.backend.store(cfg.backend);
   g_state.next_arena_size = std::max(round_up(cfg.first_segment, kSegmentAlign), kSegmentAlign);
-  char why[256] = {};
+  char why[kReasonLen] = {};
   pthread_mutex_lock(&g_state.grow_lock);
   bool ok = add_arena_locked(0, why, sizeof why);
   if (!ok && cfg.backend != BackendId::host) {
-    std::snprintf(report->reason, sizeof report->reason, "%.250s", why);
+    std::snprintf(report->reason, sizeof report->reason, "%s", why);
     if (cfg.fallback == Fallback::fail) {
       // The user asked for failures rather than host memory: every request
       // the (empty) arena cannot serve now ends in NULL / ENOMEM.
-      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%.250s", why);
+      std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%s", why);
       g_state.exhausted.store(true);
       ok = true;
     } else {
@@ -249,10 +278,10 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
 
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;
+  char dedicated_why[kReasonLen] = {};
   if (alignment > kMaxArenaAlign || size >= kDedicatedThreshold) {
-    p = alloc_dedicated(size, alignment, zero);
-    if (p == nullptr && !g_state.exhausted.load())
-      why = "a dedicated segment could not be allocated";
+    p = alloc_dedicated(size, alignment, zero, dedicated_why, sizeof dedicated_why);
+    why = dedicated_why;
   } else {
     for (int attempt = 0; attempt < 4 && p == nullptr; ++attempt) {
       const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);
@@ -271,7 +300,7 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
 
 void free_dedicated(void* ptr) noexcept {
   Segment seg;
-  if (!g_state.table.remove_dedicated(ptr, &seg)) return;  // not a block start: ignore
+  if (!g_state.table.remove(ptr, /*dedicated=*/true, &seg)) return;  // not a block start: ignore
   g_state.dedicated_live.fetch_sub(1, std::memory_order_relaxed);
   if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_sub(seg.raw_size);
   g_state.reserved[static_cast<int>(seg.backend)].fetch_sub(seg.raw_size,

@@ -14,11 +14,11 @@ bool SegmentTable::add(const Segment& segment, bool dedicated) noexcept {
   return false;
 }
 
-bool SegmentTable::remove_dedicated(const void* start, Segment* out) noexcept {
+bool SegmentTable::remove(const void* start, bool dedicated, Segment* out) noexcept {
   SpinGuard guard(lock_);
   for (std::size_t i = 0; i < high_water_; ++i) {
     Entry& e = entries_[i];
-    if (e.used && e.dedicated && e.segment.start == start) {
+    if (e.used && e.dedicated == dedicated && e.segment.start == start) {
       *out = e.segment;
       e.used = false;
       return true;

@@ -23,8 +23,9 @@ class SegmentTable {
 
   // False when the table is full.
   bool add(const Segment& segment, bool dedicated) noexcept;
-  // Removes the dedicated block starting at `start`; false when none does.
-  bool remove_dedicated(const void* start, Segment* out) noexcept;
+  // Removes the dedicated block (or the arena) starting at `start`; false
+  // when none does.
+  bool remove(const void* start, bool dedicated, Segment* out) noexcept;
   // Size of the dedicated block starting at `start`, 0 when none does.
   std::size_t dedicated_size(const void* start) noexcept;
 

@@ -38,6 +38,22 @@
 
 namespace {
 
+// Waits for `pid`; true when it exited 0, else says on stderr how it ended.
+bool child_ok(pid_t pid) {
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) {
+    std::fprintf(stderr, "fork_probe: waitpid failed\n");
+    return false;
+  }
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  if (WIFSIGNALED(status)) {
+    std::fprintf(stderr, "fork_probe: a child was killed by signal %d\n", WTERMSIG(status));
+  } else {
+    std::fprintf(stderr, "fork_probe: a child exited %d\n", WEXITSTATUS(status));
+  }
+  return false;
+}
+
 [[noreturn]] void die(const char* what) {
   std::fprintf(stderr, "fork_probe: %s\n", what);
   std::fflush(stderr);
@@ -193,8 +209,7 @@ int fork_children(int children, int nest) {
       }
       _exit(0);
     }
-    int status = 0;
-    if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) ++ok;
+    if (child_ok(pid)) ++ok;
     usleep(2000);
   }
   return ok;
@@ -324,8 +339,7 @@ int mode_driver_busy() {
       }
       _exit(0);
     }
-    int status = 0;
-    if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) ++ok;
+    if (child_ok(pid)) ++ok;
   }
   stop.store(true);
   dedicated.join();
@@ -414,8 +428,7 @@ int mode_own_handler() {
       if (!fault_on_purpose()) die("child: the program's handler did not run again");
       _exit(0);
     }
-    int status = 0;
-    if (waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) ++ok;
+    if (child_ok(pid)) ++ok;
   }
   stop.store(true);
   changer.join();
@@ -472,8 +485,7 @@ bool fork_and_check(ForkFn how, const std::vector<void*>& blocks) {
     std::free(p);
     _exit(0);
   }
-  int status = 0;
-  return waitpid(pid, &status, 0) == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return child_ok(pid);
 }
 
 int mode_device() {
