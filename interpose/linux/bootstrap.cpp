@@ -48,14 +48,14 @@ int choose_device(const config::Options& o) noexcept {
 }
 
 void say(const char* fmt, const char* a, const char* b = "") noexcept {
-  char line[640];
+  char line[1024];
   std::snprintf(line, sizeof line, fmt, a, b);
   warn_line(line);
 }
 
 void print_verbose(const config::Options& o, const arena::StartReport& report,
                    int device) noexcept {
-  char line[640];
+  char line[1024];
   std::snprintf(line, sizeof line, "mnemosyne: version %s, pid %ld", MNEMOSYNE_VERSION,
                 static_cast<long>(getpid()));
   warn_line(line);
@@ -78,7 +78,7 @@ void print_verbose(const config::Options& o, const arena::StartReport& report,
     std::snprintf(line, sizeof line, "mnemosyne: driver %.300s, CUDA %d.%d, %d device(s)",
                   info.path, info.version / 1000, (info.version % 1000) / 10, info.device_count);
   } else if (state == DriverState::unavailable) {
-    std::snprintf(line, sizeof line, "mnemosyne: driver unavailable: %.400s", driver_info().reason);
+    std::snprintf(line, sizeof line, "mnemosyne: driver unavailable: %.700s", driver_info().reason);
   } else {
     std::snprintf(line, sizeof line, "mnemosyne: driver not loaded (the %s backend needs none)",
                   backend_name(o.backend));
@@ -117,10 +117,10 @@ void start() noexcept {
   }
   if (report.reason[0] != '\0') {
     if (report.active == BackendId::host) {
-      say("mnemosyne: the %s backend is unavailable (%.400s); the heap uses host memory",
+      say("mnemosyne: the %s backend is unavailable (%.700s); the heap uses host memory",
           backend_name(report.requested), report.reason);
     } else {
-      say("mnemosyne: the %s backend is unavailable (%.400s); allocations fail "
+      say("mnemosyne: the %s backend is unavailable (%.700s); allocations fail "
           "(MNEMOSYNE_FALLBACK=fail)",
           backend_name(report.requested), report.reason);
     }
@@ -144,7 +144,7 @@ const config::Options& start_options() noexcept {
 }
 
 void warn_line(const char* line) noexcept {
-  char buf[640];
+  char buf[1024];
   const int n = std::snprintf(buf, sizeof buf, "%s\n", line);
   if (n > 0) {
     const std::size_t len = static_cast<std::size_t>(n) < sizeof buf ? n : sizeof buf - 1;

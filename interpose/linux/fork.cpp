@@ -32,6 +32,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/driver_call.hpp"
+#include "backend/signal_chain.hpp"
 #include "bootstrap.hpp"
 #include "mode.hpp"
 
@@ -115,10 +116,6 @@ void set_app_action(int slot, const struct sigaction& act) noexcept {
   g_app.current[slot].store(spare, std::memory_order_release);
 }
 
-bool is_default_or_ignore(const struct sigaction& a) noexcept {
-  return (a.sa_flags & SA_SIGINFO) == 0 && (a.sa_handler == SIG_DFL || a.sa_handler == SIG_IGN);
-}
-
 void on_fault(int sig, siginfo_t* info, void* context);
 
 // Ours, with the mask and flags the application asked for, so that the
@@ -138,33 +135,17 @@ bool is_ours(const struct sigaction& a) noexcept {
 }
 
 // Delivers the signal to what the application installed, as the kernel
-// would have.
+// would have (SA_RESETHAND included).
 void deliver_to_app(int sig, siginfo_t* info, void* context) noexcept {
   const int slot = slot_of(sig);
   const struct sigaction app = app_action(slot);
-  const bool from_fault = info != nullptr && info->si_code > 0;
-  if (is_default_or_ignore(app)) {
-    // A fault cannot be ignored: the kernel then kills the process. With the
-    // default action restored, the faulting access runs again and gets it;
-    // a signal sent by someone (kill) is raised again, unless ignored.
-    if (app.sa_handler == SIG_IGN && !from_fault) return;
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    real_sigaction(sig, &dfl, nullptr);
-    if (!from_fault) raise(sig);
-    return;
-  }
-  if ((app.sa_flags & SA_RESETHAND) != 0) {
+  if (!is_default_or_ignore(app) && (app.sa_flags & SA_RESETHAND) != 0) {
     struct sigaction dfl {};
     dfl.sa_handler = SIG_DFL;
     WindowLock lock;
     set_app_action(slot, dfl);
   }
-  if ((app.sa_flags & SA_SIGINFO) != 0) {
-    app.sa_sigaction(sig, info, context);
-  } else {
-    app.sa_handler(sig);
-  }
+  pass_signal_on(app, sig, info, context);
 }
 
 void on_fault(int sig, siginfo_t* info, void* context) {

@@ -38,10 +38,13 @@ struct Config {
   void (*warn)(const char* line) = nullptr;  // one line, no newline
 };
 
+// Room for a reason in messages: a driver's path and what went wrong with it.
+inline constexpr std::size_t kReasonLen = 512;
+
 struct StartReport {
   BackendId requested = BackendId::none;
   BackendId active = BackendId::none;  // host when the requested one failed
-  char reason[320] = {};               // why the requested backend is not active
+  char reason[kReasonLen] = {};        // why the requested backend is not active
 };
 
 // Sets mimalloc's options, then reserves the first arena from cfg.backend, or

@@ -18,9 +18,9 @@ struct State {
   std::atomic<BackendId> backend{BackendId::none};  // where new segments come from
   std::atomic<std::uint32_t> generation{0};         // bumped by every added arena
   std::atomic<bool> exhausted{false};               // the backend said no; do not ask again
-  char exhausted_reason[256] = {};
+  char exhausted_reason[kReasonLen] = {};
   std::atomic<bool> warned_fallback{false};
-  char fallback_reason[256] = {};  // written once, by the first fallback
+  char fallback_reason[kReasonLen] = {};  // written once, by the first fallback
   pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
   int arenas = 0;                     // under grow_lock
   std::size_t next_arena_size = 0;    // under grow_lock

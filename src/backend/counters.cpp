@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backend/loader.hpp"
+#include "backend/registry.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -36,6 +37,9 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
       std::snprintf(out, len, "device %d's primary context could not be made current: %s", ordinal,
                     cu_result_name(static_cast<CUresult>(result)));
     }
+  } else if (step == kRegistryFull) {
+    std::snprintf(out, len, "the %s backend's table of live blocks is full (%zu blocks)",
+                  backend_name(id), AllocationRegistry::kCapacity);
   } else if (step == kAllocationFailed) {
     if (id == BackendId::host) {
       std::snprintf(out, len, "mmap of %llu bytes failed: %s", size, std::strerror(result));

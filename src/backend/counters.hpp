@@ -10,7 +10,7 @@
 
 namespace mnemosyne {
 
-enum FailureStep : int { kNoFailure = 0, kContextFailed, kAllocationFailed };
+enum FailureStep : int { kNoFailure = 0, kContextFailed, kAllocationFailed, kRegistryFull };
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
   counter.fetch_add(n, std::memory_order_relaxed);

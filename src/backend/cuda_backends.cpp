@@ -102,6 +102,7 @@ void* cuda_allocate(std::size_t size) noexcept {
         ptr = nullptr;
       } else if (!Ops::registry().insert(ptr)) {
         count_event(c.registry_full);
+        c.failed(kRegistryFull, 0, size);
         count_event(c.driver_calls);
         if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
         ptr = nullptr;

@@ -29,6 +29,7 @@ void* Host::allocate(std::size_t size) noexcept {
     ptr = nullptr;
   } else if (!g_host_registry.insert(ptr)) {
     count_event(c.registry_full);
+    c.failed(kRegistryFull, 0, size);
     count_event(c.driver_calls);
     if (munmap(ptr, size) != 0) count_event(c.driver_failures);
     ptr = nullptr;

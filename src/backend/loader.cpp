@@ -8,6 +8,7 @@
 
 #include <dlfcn.h>
 #include <sched.h>
+#include <string.h>
 #include <time.h>
 
 #include <atomic>
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/crash_guard.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/internal.hpp"
 
@@ -49,11 +51,17 @@ class Resolver {
           reinterpret_cast<PFN_cuDriverGetVersion_v2020>(dlsym(handle_, "cuDriverGetVersion"));
     }
     int version = 0;
-    if (get_version == nullptr || get_version(&version) != CUDA_SUCCESS || version < 0) version = 0;
+    const CUresult rc = get_version != nullptr ? get_version(&version) : CUDA_ERROR_NOT_FOUND;
+    stub_ = rc == CUDA_ERROR_STUB_LIBRARY;
+    if (rc != CUDA_SUCCESS || version < 0) version = 0;
     driver_version_ = version;
     if (version > 0 && version < request_version_) request_version_ = version;
     return version;
   }
+
+  // True when the library answered CUDA_ERROR_STUB_LIBRARY: the CUDA
+  // Toolkit's stub libcuda.so, which exists for linking, not a driver.
+  bool is_stub() const noexcept { return stub_; }
 
   // `proc_name` is the base name cuGetProcAddress expects, `export_name` the
   // versioned export, `abi` the CUDA version that introduced the ABI the PFN
@@ -88,7 +96,8 @@ class Resolver {
  private:
   void* handle_;
   PFN_cuGetProcAddress_v12000 getproc_ = nullptr;
-  int driver_version_ = 0;              // 0: unknown, no ABI gate
+  int driver_version_ = 0;  // 0: unknown, no ABI gate
+  bool stub_ = false;
   int request_version_ = CUDA_VERSION;  // the headers' ABI, or the driver's if older
 };
 
@@ -153,6 +162,19 @@ void* open_driver() noexcept {
   return nullptr;
 }
 
+void say_stub() noexcept {
+  std::snprintf(g_info.reason, sizeof g_info.reason,
+                "%.200s is the CUDA Toolkit's stub libcuda.so, for linking only (it answers "
+                "CUDA_ERROR_STUB_LIBRARY): install the NVIDIA driver, or set "
+                "MNEMOSYNE_CUDA_DRIVER to the driver's libcuda.so.1",
+                g_info.path);
+}
+
+struct InitCall {
+  PFN_cuInit_v2000 cuInit;
+  CUresult result;
+};
+
 // The one-time load. Returns the final state.
 DriverState load() noexcept {
   detail::InDriverScope in_driver;
@@ -162,10 +184,32 @@ DriverState load() noexcept {
   // The handle is never closed: cuInit may have started threads inside it.
   Resolver resolver(handle);
   g_info.version = resolver.detect_driver_version();
+  if (resolver.is_stub()) {
+    say_stub();
+    return DriverState::unavailable;
+  }
   if (!resolve_all(resolver)) return DriverState::unavailable;
 
-  const CUresult init = g_api.cuInit(0);
+  // A driver that crashes in cuInit must not take the process with it.
+  InitCall call{g_api.cuInit, CUDA_ERROR_UNKNOWN};
+  int signal = 0;
+  if (!call_guarded(
+          [](void* arg) {
+            auto* c = static_cast<InitCall*>(arg);
+            c->result = c->cuInit(0);
+          },
+          &call, &signal)) {
+    std::snprintf(g_info.reason, sizeof g_info.reason,
+                  "cuInit(0) crashed inside the driver (signal %d, %s); it is not called again",
+                  signal, sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?");
+    return DriverState::unavailable;
+  }
+  const CUresult init = call.result;
   g_info.init_result = init;
+  if (init == CUDA_ERROR_STUB_LIBRARY) {
+    say_stub();
+    return DriverState::unavailable;
+  }
   if (init != CUDA_SUCCESS) {
     std::snprintf(g_info.reason, sizeof g_info.reason, "cuInit(0) failed: %s (%d)",
                   cu_result_name(init), static_cast<int>(init));

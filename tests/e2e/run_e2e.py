@@ -18,6 +18,8 @@ FAKE = os.environ["FAKECUDA_LIB"]
 PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
+FAULT_PROBE = os.environ["FAULT_PROBE"]
+TOOLKIT_STUB = os.environ.get("CUDA_TOOLKIT_STUB", "")
 DLOPEN_PROBE = os.environ["DLOPEN_PROBE"]
 CTOR_LIB = os.environ["CTOR_LIB"]
 LAUNCHER = os.environ.get("MNEMOSYNE_LAUNCHER", "")
@@ -44,7 +46,10 @@ class Run:
         self.log = os.path.join(tmp, "fake.log")
         env = dict(os.environ)
         for key in list(env):
-            if key.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD")):
+            # meson sets MALLOC_PERTURB_: glibc would then fill every block it
+            # frees, 32 MiB ones included (aligned blocks split off), which
+            # is not what a user's program runs with.
+            if key.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD", "MALLOC_PERTURB_")):
                 del env[key]
         env["LC_ALL"] = "C"
         if preload:
@@ -583,6 +588,110 @@ def case_fault_cap(tmp, backend):
     events = fault_case(tmp, backend, {"FAKECUDA_MEM_LIMIT": str(200 << 20)},
                         r"could not serve.*host memory", PY_HUNGRY)
     expect(any(e["event"] == "alloc" for e in events), "driver memory should be used up to the cap")
+
+
+# ---------------------------------------------------------------- the fault matrix
+#
+# Each cell: the fault, when the program meets it ("start": the backend never
+# works; "run": it fails after the first arena; "none": nothing visible), the
+# warning it must get, and the probe's arguments (1 MiB mallocs, blocks of
+# their own). With MNEMOSYNE_FALLBACK=host the program's output is unchanged
+# and one warning line says why; with =fail the allocations fail with
+# NULL/ENOMEM/std::bad_alloc and only a start-time fault is announced.
+
+def alloc_call(backend):
+    return "cuMemHostAlloc" if backend == "pinned" else "cuMemAllocManaged"
+
+
+FAULT_CELLS = {
+    "no-driver": ({"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"}, "start",
+                  r"cannot load MNEMOSYNE_CUDA_DRIVER=/nonexistent/libcuda\.so\.1", (200, 4)),
+    "missing-entry": ({"FAKECUDA_MISSING": "cuMemHostAlloc"}, "start",
+                      r"lacks the entry point cuMemHostAlloc", (200, 4)),
+    "init-fails": ({"FAKECUDA_INIT_ERROR": "100"}, "start",
+                   r"cuInit\(0\) failed: CUDA_ERROR_NO_DEVICE \(100\)", (200, 4)),
+    "init-crash": ({"FAKECUDA_INIT_CRASH": "1"}, "start",
+                   r"cuInit\(0\) crashed inside the driver \(signal 11, SEGV\)", (200, 4)),
+    "stub": ({"FAKECUDA_STUB": "1"}, "start", r"is the CUDA Toolkit's stub libcuda\.so, for "
+             r"linking only .*install the NVIDIA driver, or set MNEMOSYNE_CUDA_DRIVER", (200, 4)),
+    "toolkit-stub": ({"MNEMOSYNE_CUDA_DRIVER": TOOLKIT_STUB}, "start",
+                     r"stubs/libcuda\.so is the CUDA Toolkit's stub", (200, 4)),
+    "no-device": ({"FAKECUDA_DEVICES": "0"}, "start",
+                  r"device 0 does not exist: the driver reports 0 devices", (200, 4)),
+    "driver-cap": ({"FAKECUDA_MEM_LIMIT": str(150 << 20)}, "run",
+                   r"{call} of \d+ bytes failed: CUDA_ERROR_OUT_OF_MEMORY", (200, 0)),
+    "limit": ({"MNEMOSYNE_LIMIT": "150MiB"}, "run", r"the limit of 157286400 bytes is reached",
+              (200, 0)),
+    "registry-full": ({}, "run", r"the {backend} backend's table of live blocks is full "
+                      r"\(4096 blocks\)", (20, 4200)),
+    "advice-fails": ({"FAKECUDA_ADVISE_ERROR": "1"}, "none", None, (200, 4)),
+}
+for n in range(5):
+    FAULT_CELLS[f"nth-alloc-{n}"] = (
+        {"FAKECUDA_FAIL_ALLOC_AFTER": str(n)}, "start" if n == 0 else "run",
+        r"{call} of \d+ bytes failed: CUDA_ERROR_OUT_OF_MEMORY", (1000, 0))
+
+
+def fault_lines(r):
+    return [l for l in r.stderr.decode(errors="replace").splitlines() if l.startswith("mnemosyne:")]
+
+
+def run_fault_cell(tmp, backend, cell):
+    extra, when, needle, (mallocs, aligned) = FAULT_CELLS[cell]
+    if cell == "toolkit-stub" and not os.path.exists(TOOLKIT_STUB):
+        print(f"SKIP: the CUDA Toolkit's stub libcuda.so is not at {TOOLKIT_STUB!r}")
+        sys.exit(77)
+    if needle is not None:
+        needle = needle.format(call=alloc_call(backend), backend=backend)
+    cmd = [FAULT_PROBE, str(mallocs), str(aligned)]
+    base = Run(tmp, backend, False)(cmd)
+    expect(base.returncode == 0 and not re.search(rb"\b0 of [1-9]", base.stdout),
+           f"the probe itself failed: {base.returncode} {base.stdout!r}")
+    stats = os.path.join(tmp, f"stats-{cell}.json")
+
+    # FALLBACK=host: the program sees no difference, one line says why.
+    mine = Run(tmp, backend, True, dict(extra, MNEMOSYNE_STATS_FILE=stats))(cmd)
+    compare(base, mine, f"{cell} with FALLBACK=host", stdout_only=True)
+    lines = fault_lines(mine)
+    if needle is None:
+        expect(not lines, f"{cell}: no warning expected, got {lines}")
+    else:
+        expect(len(lines) == 1 and re.search(needle, lines[0]),
+               f"{cell}: expected one line matching {needle!r}, got {lines}")
+        expect(("host memory" in lines[0]), f"{cell}: the line should say where the heap goes")
+    if cell == "advice-fails":
+        import json
+        with open(stats) as f:
+            pool = json.load(f)["pools"][backend]
+        expect(pool["advice_failures"] >= 1, f"advice failures not counted: {pool}")
+        return
+
+    # FALLBACK=fail: allocations fail the way the API says.
+    fail = Run(tmp, backend, True, dict(extra, MNEMOSYNE_FALLBACK="fail"))(cmd)
+    expect(fail.returncode == 0, f"{cell} with FALLBACK=fail: exit {fail.returncode}: "
+           f"{fail.stderr[-500:]!r}")
+    out = fail.stdout.decode()
+    lines = fault_lines(fail)
+    if when == "start":
+        expect(len(lines) == 1 and re.search(needle, lines[0]) and
+               "allocations fail (MNEMOSYNE_FALLBACK=fail)" in lines[0],
+               f"{cell}: expected one line saying allocations fail, got {lines}")
+        for api in ("malloc", "aligned_alloc", "calloc", "posix_memalign", "realloc"):
+            if api == "aligned_alloc" and aligned == 0:
+                continue
+            expect(re.search(rf"^{api}: 0 of \d+, then ENOMEM$", out, re.M),
+                   f"{cell}: {api} should fail with ENOMEM:\n{out}")
+        expect("new: bad_alloc" in out, f"{cell}: operator new should throw bad_alloc:\n{out}")
+    else:
+        expect(not lines, f"{cell}: FALLBACK=fail must not announce host memory: {lines}")
+        api, count = ("aligned_alloc", aligned) if cell == "registry-full" else ("malloc", mallocs)
+        m = re.search(rf"^{api}: (\d+) of {count}, then ENOMEM$", out, re.M)
+        expect(m and 0 < int(m.group(1)) < count,
+               f"{cell}: {api} should serve some blocks, then fail with ENOMEM:\n{out}")
+
+
+def case_fault(tmp, backend):
+    run_fault_cell(tmp, backend, os.environ["E2E_FAULT_CELL"])
 
 
 def case_launcher(tmp, backend):

@@ -23,6 +23,7 @@ std::atomic<int> g_advise_error{0};
 std::atomic<int> g_copy_error{0};
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_forked{false};
+std::atomic<bool> g_stub{false};
 
 namespace {
 
@@ -183,6 +184,8 @@ void on_fork_child() {
 }
 
 __attribute__((constructor)) void fakecuda_load() {
+  const char* stub = getenv("FAKECUDA_STUB");
+  g_stub.store(stub != nullptr && stub[0] == '1');
   open_log();
   pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
 }
@@ -225,12 +228,14 @@ CUresult fail(const char* call, CUresult rc) noexcept {
 
 CUresult enter_no_init(const char* call) noexcept {
   g_counters.total_calls.fetch_add(1, std::memory_order_relaxed);
+  if (g_stub.load(std::memory_order_relaxed)) return fail(call, CUDA_ERROR_STUB_LIBRARY);
   if (g_forked.load(std::memory_order_acquire)) return fail(call, CUDA_ERROR_NOT_INITIALIZED);
   return CUDA_SUCCESS;
 }
 
 CUresult enter(const char* call) noexcept {
   g_counters.total_calls.fetch_add(1, std::memory_order_relaxed);
+  if (g_stub.load(std::memory_order_relaxed)) return fail(call, CUDA_ERROR_STUB_LIBRARY);
   if (g_forked.load(std::memory_order_acquire) || !g_initialized.load(std::memory_order_acquire))
     return fail(call, CUDA_ERROR_NOT_INITIALIZED);
   return CUDA_SUCCESS;
@@ -256,7 +261,14 @@ FAKECUDA_API CUresult cuInit(unsigned int flags) {
   g_counters.total_calls.fetch_add(1, std::memory_order_relaxed);
   g_counters.init_calls.fetch_add(1, std::memory_order_relaxed);
   CUresult rc = CUDA_SUCCESS;
-  if (g_forked.load(std::memory_order_acquire)) {
+  if (const char* crash = getenv("FAKECUDA_INIT_CRASH"); crash != nullptr && crash[0] == '1') {
+    // A driver that dereferences garbage in cuInit, before taking any lock.
+    log_line("init-crash");
+    *static_cast<volatile int*>(nullptr) = 1;
+  }
+  if (g_stub.load(std::memory_order_relaxed)) {
+    rc = CUDA_ERROR_STUB_LIBRARY;
+  } else if (g_forked.load(std::memory_order_acquire)) {
     rc = CUDA_ERROR_NOT_INITIALIZED;
   } else if (flags != 0) {
     rc = CUDA_ERROR_INVALID_VALUE;
