@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "fakecuda.h"
+#include "pattern_block.hpp"
 
 namespace {
 
@@ -60,70 +61,15 @@ bool child_ok(pid_t pid) {
   _exit(3);
 }
 
-std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdull;
-  x ^= x >> 33;
-  return x;
-}
-
-// ---- self-checking blocks: [magic][seed][size][bytes derived from seed]
-// The magic is written last and sits first: a block whose magic is set has
-// its whole body written, in a plain fork's child as in ours.
-
-constexpr std::uint64_t kMagic = 0x6d6e656d6f73796eull;
-struct Header {
-  std::atomic<std::uint64_t> magic;
-  std::uint64_t seed;
-  std::size_t size;
-};
-
-// The body, one word at a time (and the tail bytes of the last word).
-std::uint64_t body_word(std::uint64_t seed, std::size_t i) {
-  return seed * 0x9e3779b97f4a7c15ull + i;
-}
+using test::block_ok;
+using test::drop_block;
+using test::Header;
+using test::mix;
 
 void* make_block(std::size_t size, std::uint64_t seed) {
-  if (size < sizeof(Header)) size = sizeof(Header);
-  auto* p = static_cast<unsigned char*>(std::malloc(size));
+  void* p = test::make_block(size, seed);
   if (p == nullptr) die("malloc failed");
-  std::size_t i = sizeof(Header);
-  for (; i + 8 <= size; i += 8) {
-    const std::uint64_t w = body_word(seed, i);
-    std::memcpy(p + i, &w, 8);
-  }
-  const std::uint64_t tail = body_word(seed, i);
-  std::memcpy(p + i, &tail, size - i);
-  auto* h = reinterpret_cast<Header*>(p);
-  h->seed = seed;
-  h->size = size;
-  h->magic.store(kMagic, std::memory_order_release);
   return p;
-}
-
-// True when the block is intact; blocks without magic (being written, or
-// freed) are not checked.
-bool block_ok(const void* block, bool* checked) {
-  const auto* h = static_cast<const Header*>(block);
-  *checked = false;
-  if (h->magic.load(std::memory_order_acquire) != kMagic) return true;
-  *checked = true;
-  const auto* p = static_cast<const unsigned char*>(block);
-  const std::size_t size = h->size;
-  std::uint64_t diff = 0;
-  std::size_t i = sizeof(Header);
-  for (; i + 8 <= size; i += 8) {
-    std::uint64_t w;
-    std::memcpy(&w, p + i, 8);
-    diff |= w ^ body_word(h->seed, i);
-  }
-  const std::uint64_t tail = body_word(h->seed, i);
-  return diff == 0 && std::memcmp(p + i, &tail, size - i) == 0;
-}
-
-void drop_block(void* block) {
-  static_cast<Header*>(block)->magic.store(0, std::memory_order_relaxed);
-  std::free(block);
 }
 
 // ---- workers: each churns a ring of blocks the others (and children) can see

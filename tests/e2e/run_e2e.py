@@ -19,6 +19,7 @@ PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
 FAULT_PROBE = os.environ["FAULT_PROBE"]
+STRESS_PROBE = os.environ["STRESS_PROBE"]
 TOOLKIT_STUB = os.environ.get("CUDA_TOOLKIT_STUB", "")
 DLOPEN_PROBE = os.environ["DLOPEN_PROBE"]
 CTOR_LIB = os.environ["CTOR_LIB"]
@@ -692,6 +693,52 @@ def run_fault_cell(tmp, backend, cell):
 
 def case_fault(tmp, backend):
     run_fault_cell(tmp, backend, os.environ["E2E_FAULT_CELL"])
+
+
+# ---------------------------------------------------------------- stress
+
+def case_stress_churn(tmp, backend):
+    """32 threads of random malloc/calloc/realloc/free with cross-thread frees
+    for 60 s, every block checked; the backend's reserved bytes must stop
+    growing once the steady live set is reached (a leak would not)."""
+    seconds = int(os.environ.get("E2E_STRESS_SECONDS", "60"))
+    report = os.path.join(tmp, "churn.txt")
+    run = Run(tmp, backend, True, {"STRESS_REPORT": report})
+    r = run([STRESS_PROBE, "churn", str(seconds), "32"])
+    expect(r.returncode == 0 and r.stdout == b"churn: 32 threads, all blocks intact\n",
+           f"churn failed: {r.returncode} {r.stdout!r} {r.stderr[-800:]!r}")
+    expect(not fault_lines(r), f"churn: unexpected warnings {fault_lines(r)}")
+    with open(report) as f:
+        rows = [line.split() for line in f]
+    ops = int(next(v for k, v, *_ in rows if k == "ops"))
+    reserved = [int(row[2]) for row in rows if row[0] == "reserved"]
+    expect(len(reserved) >= seconds - 2 and min(reserved) > 0, f"reserved samples {reserved}")
+    half = reserved[len(reserved) // 2]
+    expect(reserved[-1] <= half,
+           f"reserved bytes kept growing with a steady live set: {half} at {len(reserved) // 2} s,"
+           f" {reserved[-1]} at the end")
+    print(f"churn: {ops} operations in {seconds} s ({ops // seconds} per second), reserved "
+          f"{reserved[0] >> 20} MiB after 1 s, {half >> 20} MiB at half time, "
+          f"{reserved[-1] >> 20} MiB at the end")
+    check_heap(parse_log(run.log), backend, 0)
+
+
+def case_stress_forks(tmp, backend):
+    """200 fork+exec and 50 fork-only children while 4 threads allocate."""
+    events, _, mine = twice(tmp, backend, [STRESS_PROBE, "forks", "200", "50"], "stress forks")
+    expect(b"200 of 200 exec'd children ok, 50 of 50 forked children ok" in mine.stdout,
+           f"stress forks: {mine.stdout!r}")
+    check_heap(events, backend, 0)
+    check_children_quiet(events)
+
+
+def case_stress_dlopen(tmp, backend):
+    """dlopen/dlclose of a library that allocates in its constructor and frees
+    in its destructor, 2000 times, while 2 threads allocate."""
+    events, _, mine = twice(tmp, backend, [STRESS_PROBE, "dlopen", CTOR_LIB, "2000"],
+                            "stress dlopen")
+    expect(b"2000 of 2000" in mine.stdout, f"stress dlopen: {mine.stdout!r}")
+    check_heap(events, backend, 0)
 
 
 def case_launcher(tmp, backend):
