@@ -68,6 +68,44 @@ if [ $quick -eq 0 ]; then
 fi
 
 if [ $quick -eq 0 ]; then
+  # Not under valgrind: config_test (its no-allocation check hooks malloc,
+  # which valgrind replaces), fakecuda-selftest (valgrind does not honour
+  # MADV_DONTFORK, which it checks) and fuzz-replay-alloc (valgrind's own
+  # memalign stops at 64 MiB alignments, which the harness asks for).
+  echo "== memcheck: the arena, backend and option-fuzz tests under valgrind"
+  run_suite build --num-processes 2 --timeout-multiplier 4 \
+    --wrapper "valgrind --error-exitcode=99 --trace-children=yes --quiet" \
+    arena_test backend_cuda_test backend_host_test backend_loader_test \
+    backend_loader_race_test backend_registry_test fuzz-replay-options || status=1
+
+  echo "== fuzzing: libFuzzer with AddressSanitizer + UndefinedBehaviorSanitizer (tests/fuzz)"
+  CC=clang CXX=clang++ configure build-fuzz -Dfuzzing=true -Dbuildtype=debugoptimized \
+    -Db_sanitize=address,undefined -Db_lundef=false
+  ninja -C build-fuzz tests/fuzz/alloc_fuzzer tests/fuzz/options_fuzzer tests/fakecuda/libfakecuda.so
+  mkdir -p build-fuzz/artifacts
+  for harness in alloc options; do
+    fuzzer="build-fuzz/tests/fuzz/${harness}_fuzzer"
+    scratch=$(mktemp -d)
+    if ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1 \
+         "$fuzzer" -artifact_prefix=build-fuzz/artifacts/ tests/fuzz/regressions/$harness/* \
+         >"$scratch/replay.log" 2>&1 &&
+       ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1 \
+         "$fuzzer" -max_total_time="${FUZZ_SECONDS:-60}" -print_final_stats=1 \
+         -artifact_prefix=build-fuzz/artifacts/ "$scratch" tests/fuzz/corpus/$harness \
+         >"$scratch/fuzz.log" 2>&1; then
+      runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$scratch/fuzz.log")
+      rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$scratch/fuzz.log")
+      ops=$(sed -n 's/^alloc_fuzzer: \([0-9]*\) operations$/, \1 operations/p' "$scratch/fuzz.log")
+      echo "fuzz $harness: ok, $runs runs ($rate per second$ops)"
+      passed=$((passed + 1))
+    else
+      echo "fuzz $harness: FAILED (input saved in build-fuzz/artifacts/):"
+      tail -30 "$scratch/replay.log" "$scratch/fuzz.log" 2>/dev/null
+      status=1; failed=$((failed + 1))
+    fi
+    rm -rf "$scratch"
+  done
+
   echo "== the README's install line, on a fresh clone"
   line=$(sed -n 's/^    \(meson setup build --prefix=[^ ]* && meson install -C build\)$/\1/p' README.md)
   fresh=$(mktemp -d)

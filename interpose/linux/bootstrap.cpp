@@ -30,10 +30,6 @@ extern char** environ;
 
 namespace mnemosyne {
 
-constinit std::atomic<Mode> g_mode{Mode::host};
-constinit std::atomic<std::uint8_t> g_free_checks{0};
-constinit Policy g_policy{};
-
 namespace {
 
 constinit config::Options g_options{};

@@ -21,11 +21,8 @@
 
 #include <dlfcn.h>
 #include <errno.h>
-#include <linux/futex.h>
 #include <pthread.h>
 #include <signal.h>
-#include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -34,6 +31,7 @@
 #include "backend/driver_call.hpp"
 #include "backend/signal_chain.hpp"
 #include "bootstrap.hpp"
+#include "hold.hpp"
 #include "mode.hpp"
 
 namespace mnemosyne {
@@ -209,51 +207,6 @@ class ForkingThreadStack {
 };
 constinit ForkingThreadStack g_fork_stack;
 
-// ---- holding other threads' allocations while the heap is copied
-//
-// The copy is not a fork's instant snapshot: other threads run meanwhile. A
-// block they allocated, filled and published during it could reach the
-// child as a published pointer to memory copied before it was filled. So
-// while the copy runs, their malloc/free calls wait (Mode::held diverts the
-// fast paths into the slow ones, which wait here): whatever they allocate
-// then is allocated after the copy, in the parent only. The forking thread
-// itself never allocates during the copy (its asynchronous signals are
-// blocked), and nothing the copy does waits for another thread, so the wait
-// cannot deadlock. The hold ends with the copy, before glibc's fork takes its
-// own locks, which a waiting thread might hold.
-
-constinit Mode g_mode_before_hold = Mode::host;
-constinit std::atomic<int> g_hold_generation{0};  // the futex waiters sleep on
-
-long futex(std::atomic<int>* word, int op, int value, const timespec* timeout) noexcept {
-  return syscall(SYS_futex, reinterpret_cast<int*>(word), op, value, timeout, nullptr, 0);
-}
-
-class HeldCopy {
- public:
-  HeldCopy() noexcept {
-    sigset_t async;
-    sigfillset(&async);
-    for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP}) sigdelset(&async, sig);
-    pthread_sigmask(SIG_BLOCK, &async, &mask_);
-    g_mode_before_hold = g_mode.load(std::memory_order_relaxed);
-    g_mode.store(Mode::held, std::memory_order_seq_cst);
-    g_free_checks.fetch_or(kFreeHeld, std::memory_order_seq_cst);
-  }
-  ~HeldCopy() {
-    g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
-    g_mode.store(g_mode_before_hold, std::memory_order_seq_cst);
-    g_hold_generation.fetch_add(1, std::memory_order_seq_cst);
-    futex(&g_hold_generation, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr);
-    pthread_sigmask(SIG_SETMASK, &mask_, nullptr);
-  }
-  HeldCopy(const HeldCopy&) = delete;
-  HeldCopy& operator=(const HeldCopy&) = delete;
-
- private:
-  sigset_t mask_;
-};
-
 // ---- the atfork handlers and the fork() wrapper
 
 constinit bool g_fork_prepared = false;
@@ -263,7 +216,7 @@ void on_prepare_fork() noexcept {
   g_fork_prepared = arena_mode();
   if (!g_fork_prepared) return;
   {
-    HeldCopy held;
+    HeldAllocations held;  // the copy is consistent with what other threads allocate
     arena::prepare_fork();
   }
   g_fork_stack.enter();
@@ -292,14 +245,6 @@ void on_child_after_fork() noexcept {
 }
 
 }  // namespace
-
-void wait_while_held() noexcept {
-  const int generation = g_hold_generation.load(std::memory_order_seq_cst);
-  if (g_mode.load(std::memory_order_seq_cst) != Mode::held) return;
-  // A timeout, so that a wake-up lost to a race costs a millisecond, not a hang.
-  const timespec ms{0, 1000 * 1000};
-  futex(&g_hold_generation, FUTEX_WAIT_PRIVATE, generation, &ms);
-}
 
 void install_fork_handling() noexcept {
   pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "api_names.hpp"
 #include "arena/arena.hpp"
 #include "fast_path.hpp"
 #include "libc.hpp"
@@ -169,19 +170,19 @@ using namespace mnemosyne;
 
 extern "C" {
 
-__attribute__((visibility("default"))) void* malloc(std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(malloc)(std::size_t size) noexcept {
   return fast_malloc(size);
 }
 
-__attribute__((visibility("default"))) void free(void* ptr) noexcept {
+MNEMOSYNE_API_VISIBILITY void MNEMOSYNE_API(free)(void* ptr) noexcept {
   fast_free(ptr);
 }
 
-__attribute__((visibility("default"))) void cfree(void* ptr) noexcept {
-  free(ptr);
+MNEMOSYNE_API_VISIBILITY void MNEMOSYNE_API(cfree)(void* ptr) noexcept {
+  MNEMOSYNE_API(free)(ptr);
 }
 
-__attribute__((visibility("default"))) void* calloc(std::size_t count, std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(calloc)(std::size_t count, std::size_t size) noexcept {
   std::size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return nomem();
   Mode mode = current_mode();
@@ -190,15 +191,15 @@ __attribute__((visibility("default"))) void* calloc(std::size_t count, std::size
     return p != nullptr ? p : nomem();
   }
   mode = settled_mode();
-  if (mode == Mode::arena) return calloc(count, size);
+  if (mode == Mode::arena) return MNEMOSYNE_API(calloc)(count, size);
   if (mode == Mode::managed) return managed_alloc(total, 0, true);
   return __libc_calloc(count, size);
 }
 
-__attribute__((visibility("default"))) void* realloc(void* ptr, std::size_t size) noexcept {
-  if (ptr == nullptr) return malloc(size);
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(realloc)(void* ptr, std::size_t size) noexcept {
+  if (ptr == nullptr) return MNEMOSYNE_API(malloc)(size);
   if (size == 0) {  // as glibc: frees the block and returns NULL
-    free(ptr);
+    MNEMOSYNE_API(free)(ptr);
     return nullptr;
   }
   const std::uint8_t tag = owner_tag(ptr);
@@ -208,19 +209,19 @@ __attribute__((visibility("default"))) void* realloc(void* ptr, std::size_t size
     return p != nullptr ? p : nomem();
   }
   mode = settled_mode();
-  if (mode == Mode::arena) return realloc(ptr, size);
+  if (mode == Mode::arena) return MNEMOSYNE_API(realloc)(ptr, size);
   return realloc_slow(mode, ptr, tag, size);
 }
 
-__attribute__((visibility("default"))) void* reallocarray(void* ptr, std::size_t count,
-                                                          std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(reallocarray)(void* ptr, std::size_t count,
+                                                           std::size_t size) noexcept {
   std::size_t total;
   if (__builtin_mul_overflow(count, size, &total)) return nomem();
-  return realloc(ptr, total);
+  return MNEMOSYNE_API(realloc)(ptr, total);
 }
 
-__attribute__((visibility("default"))) int posix_memalign(void** out, std::size_t alignment,
-                                                          std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY int MNEMOSYNE_API(posix_memalign)(void** out, std::size_t alignment,
+                                                           std::size_t size) noexcept {
   if (!is_power_of_two(alignment) || alignment % sizeof(void*) != 0) return EINVAL;
   const int saved = errno;
   void* p = aligned(alignment, size);
@@ -232,8 +233,8 @@ __attribute__((visibility("default"))) int posix_memalign(void** out, std::size_
   return 0;
 }
 
-__attribute__((visibility("default"))) void* aligned_alloc(std::size_t alignment,
-                                                           std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(aligned_alloc)(std::size_t alignment,
+                                                            std::size_t size) noexcept {
   if (!is_power_of_two(alignment)) {
     errno = EINVAL;
     return nullptr;
@@ -242,9 +243,9 @@ __attribute__((visibility("default"))) void* aligned_alloc(std::size_t alignment
 }
 
 // glibc's memalign accepts any alignment and rounds it up to a power of two.
-__attribute__((visibility("default"))) void* memalign(std::size_t alignment,
-                                                      std::size_t size) noexcept {
-  if (alignment <= alignof(std::max_align_t)) return malloc(size);
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(memalign)(std::size_t alignment,
+                                                       std::size_t size) noexcept {
+  if (alignment <= alignof(std::max_align_t)) return MNEMOSYNE_API(malloc)(size);
   if (!is_power_of_two(alignment)) {
     if (alignment > (SIZE_MAX >> 1)) return nomem();
     alignment = std::size_t{1} << (64 - __builtin_clzl(alignment));
@@ -252,17 +253,17 @@ __attribute__((visibility("default"))) void* memalign(std::size_t alignment,
   return aligned(alignment, size);
 }
 
-__attribute__((visibility("default"))) void* valloc(std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(valloc)(std::size_t size) noexcept {
   return aligned(page_size(), size);
 }
 
-__attribute__((visibility("default"))) void* pvalloc(std::size_t size) noexcept {
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(pvalloc)(std::size_t size) noexcept {
   const std::size_t page = page_size();
   if (size > SIZE_MAX - page) return nomem();
   return aligned(page, size == 0 ? page : (size + page - 1) / page * page);
 }
 
-__attribute__((visibility("default"))) std::size_t malloc_usable_size(void* ptr) noexcept {
+MNEMOSYNE_API_VISIBILITY std::size_t MNEMOSYNE_API(malloc_usable_size)(void* ptr) noexcept {
   if (ptr == nullptr) return 0;
   const std::uint8_t tag = owner_tag(ptr);
   if (tag == 0) return linux_host::usable_size(ptr);

@@ -1,51 +1,15 @@
 // Every C++ replaceable allocation function: plain, nothrow, sized, aligned
-// and array forms. Failure follows the standard: call the new-handler and
-// retry while there is one, else throw std::bad_alloc (nothrow: return null).
+// and array forms (cxx_alloc.hpp does the work).
 #include <cstddef>
-#include <cstdlib>
 #include <new>
 
+#include "cxx_alloc.hpp"
 #include "fast_path.hpp"
 
-namespace {
-
-void* allocate(std::size_t size) {
-  for (;;) {
-    if (void* p = mnemosyne::fast_malloc(size)) return p;
-    std::new_handler handler = std::get_new_handler();
-    if (handler == nullptr) throw std::bad_alloc();
-    handler();
-  }
-}
-
-void* allocate_aligned(std::size_t size, std::align_val_t alignment) {
-  const auto align = static_cast<std::size_t>(alignment);
-  for (;;) {
-    void* p = nullptr;
-    if (posix_memalign(&p, align < sizeof(void*) ? sizeof(void*) : align, size) == 0) return p;
-    std::new_handler handler = std::get_new_handler();
-    if (handler == nullptr) throw std::bad_alloc();
-    handler();
-  }
-}
-
-void* allocate_nothrow(std::size_t size) noexcept {
-  try {
-    return allocate(size);
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-void* allocate_aligned_nothrow(std::size_t size, std::align_val_t alignment) noexcept {
-  try {
-    return allocate_aligned(size, alignment);
-  } catch (...) {
-    return nullptr;
-  }
-}
-
-}  // namespace
+using mnemosyne::cxx::allocate;
+using mnemosyne::cxx::allocate_aligned;
+using mnemosyne::cxx::allocate_aligned_nothrow;
+using mnemosyne::cxx::allocate_nothrow;
 
 #define MNEMOSYNE_EXPORT __attribute__((visibility("default")))
 

@@ -57,23 +57,23 @@ struct Shadow {
 
 // A segment the child lacks and has no copy of (no memory for one).
 struct Missing {
-  void* start;
-  std::size_t size;
+  void* start = nullptr;
+  std::size_t size = 0;
 };
 
 // prepare_fork's shadows, for the child (under the table lock until the fork
 // is over). Statics: none of this may allocate.
-constinit Shadow g_shadows[kMaxShadows];
+constinit Shadow g_shadows[kMaxShadows] = {};
 constinit std::size_t g_shadow_count = 0;
-constinit Missing g_missing[kMaxShadows];
+constinit Missing g_missing[kMaxShadows] = {};
 constinit std::size_t g_missing_count = 0;
 constinit pid_t g_parent_pid = 0;
 
 // copy_early's shadows, until the prepare_fork of the same thread adopts them.
-constinit Shadow g_early[kMaxShadows];
+constinit Shadow g_early[kMaxShadows] = {};
 constinit std::size_t g_early_count = 0;
 constinit std::atomic<pid_t> g_early_thread{0};  // set once the shadows are complete
-constinit SegmentTable::Entry g_snapshot[kMaxShadows];
+constinit SegmentTable::Entry g_snapshot[kMaxShadows] = {};
 
 // kPending from prepare_fork until the fork is over (parent) or the child has
 // taken its copy.
