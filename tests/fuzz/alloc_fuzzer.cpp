@@ -381,11 +381,13 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   set_driver_path(fake != nullptr && *fake ? fake : MNEMOSYNE_FUZZ_FAKECUDA);
   arena::Config cfg;
   cfg.backend = BackendId::unified;
-  // glibc's allocator for the host heap, as in the preload library: under
-  // AddressSanitizer, __libc_memalign is intercepted and its blocks could not
-  // go to __libc_free, so glibc's memalign is looked up past the sanitizer.
+  // glibc's allocator for the host heap, as in the preload library. Under a
+  // sanitizer __libc_memalign and memalign are intercepted, and their blocks
+  // could not go to __libc_free: glibc's own memalign is taken from libc.
   using MemalignFn = void* (*)(std::size_t, std::size_t);
-  static const auto glibc_memalign = reinterpret_cast<MemalignFn>(dlsym(RTLD_NEXT, "memalign"));
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  static const auto glibc_memalign =
+      reinterpret_cast<MemalignFn>(libc != nullptr ? dlsym(libc, "memalign") : nullptr);
   if (glibc_memalign == nullptr) {
     std::fprintf(stderr, "alloc_fuzzer: glibc's memalign not found\n");
     std::exit(1);
