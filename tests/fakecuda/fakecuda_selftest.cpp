@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -85,6 +86,10 @@ struct Api {
   fakecuda_get_counters_fn get_counters = nullptr;
   fakecuda_owns_fn owns = nullptr;
   fakecuda_get_advice_fn get_advice = nullptr;
+  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH = nullptr;
+  fakecuda_migrate_to_device_fn migrate_to_device = nullptr;
+  fakecuda_on_device_fn on_device = nullptr;
+  fakecuda_set_copy_error_fn set_copy_error = nullptr;
 
   fakecuda_counters counters() const {
     fakecuda_counters c{};
@@ -118,6 +123,10 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "cuDeviceGetName", &api->cuDeviceGetName);
   resolve(h, "cuDeviceTotalMem_v2", &api->cuDeviceTotalMem);
   resolve(h, "cuDeviceGetAttribute", &api->cuDeviceGetAttribute);
+  resolve(h, "cuMemcpyDtoH_v2", &api->cuMemcpyDtoH);
+  resolve(h, "fakecuda_migrate_to_device", &api->migrate_to_device);
+  resolve(h, "fakecuda_on_device", &api->on_device);
+  resolve(h, "fakecuda_set_copy_error", &api->set_copy_error);
   resolve(h, "cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
   resolve(h, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease);
   resolve(h, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent);
@@ -765,6 +774,50 @@ bool run_child(const char* mode, const char* lib, const std::vector<std::string>
   return true;
 }
 
+// Pages on the device: mincore calls them not resident, yet they hold data;
+// the copy call reads it in place; a CPU touch migrates it back.
+void check_residency(Api& a) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  CUdeviceptr dp = 0;
+  CHECK_RC(a.cuMemAllocManaged(&dp, 16 * page, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  auto* p = reinterpret_cast<unsigned char*>(dp);
+  for (size_t i = 0; i < 16 * page; ++i) p[i] = static_cast<unsigned char>(i * 13 + 1);
+  const fakecuda_counters before = a.counters();
+  CHECK(a.migrate_to_device(p + 4 * page, 8 * page) == 8);
+  CHECK(a.migrate_to_device(p, 16 * page) == 8);  // the others; the 8 stay
+  CHECK(a.on_device(p + 5 * page) == 1);
+  unsigned char residency[16] = {};
+  CHECK(mincore(p, 16 * page, residency) == 0);
+  int resident = 0;
+  for (unsigned char r : residency) resident += r & 1;
+  CHECK(resident == 0);  // a naive reading: "nothing here"
+  std::vector<unsigned char> out(16 * page);
+  CHECK_RC(a.cuMemcpyDtoH(out.data(), dp, out.size()), CUDA_SUCCESS);
+  bool same = true;
+  for (size_t i = 0; i < out.size(); ++i)
+    same = same && out[i] == static_cast<unsigned char>(i * 13 + 1);
+  CHECK(same);
+  CHECK(a.on_device(p + 5 * page) == 1);  // read in place: still there
+  CHECK(a.counters().cpu_migrations == before.cpu_migrations);
+  CHECK(a.counters().dtoh_bytes == before.dtoh_bytes + out.size());
+  // A CPU touch migrates just that page back, with its data.
+  CHECK(p[5 * page + 7] == static_cast<unsigned char>((5 * page + 7) * 13 + 1));
+  CHECK(a.on_device(p + 5 * page) == 0 && a.on_device(p + 6 * page) == 1);
+  CHECK(a.counters().cpu_migrations == before.cpu_migrations + 1);
+  p[6 * page] = 0xee;  // a write migrates too
+  CHECK(a.on_device(p + 6 * page) == 0);
+  CHECK(a.counters().cpu_migrations == before.cpu_migrations + 2);
+  // The copy call: injected failure, bad ranges.
+  a.set_copy_error(CUDA_ERROR_UNKNOWN);
+  CHECK_RC(a.cuMemcpyDtoH(out.data(), dp, page), CUDA_ERROR_UNKNOWN);
+  a.set_copy_error(0);
+  CHECK_RC(a.cuMemcpyDtoH(out.data(), dp, 17 * page), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemcpyDtoH(out.data(), CUdeviceptr(out.data()), page), CUDA_ERROR_INVALID_VALUE);
+  CHECK(a.migrate_to_device(out.data(), page) == -1);  // not the driver's memory
+  CHECK_RC(a.cuMemFree(dp), CUDA_SUCCESS);
+  CHECK(a.on_device(p) == 0);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -784,11 +837,18 @@ int main(int argc, char** argv) {
     return 1;
   }
   close(fd);
-  const char* cleared[] = {"FAKECUDA_INIT_ERROR",       "FAKECUDA_INIT_DELAY_MS",
-                           "FAKECUDA_FAIL_ALLOC_AFTER", "FAKECUDA_MEM_LIMIT",
-                           "FAKECUDA_MISSING",          "FAKECUDA_ADVISE_ERROR",
-                           "FAKECUDA_PAGEABLE",         "FAKECUDA_CONCURRENT_MANAGED",
-                           "FAKECUDA_THREAD_ITERS"};
+  const char* cleared[] = {"FAKECUDA_INIT_ERROR",
+                           "FAKECUDA_INIT_DELAY_MS",
+                           "FAKECUDA_FAIL_ALLOC_AFTER",
+                           "FAKECUDA_MEM_LIMIT",
+                           "FAKECUDA_MISSING",
+                           "FAKECUDA_ADVISE_ERROR",
+                           "FAKECUDA_PAGEABLE",
+                           "FAKECUDA_CONCURRENT_MANAGED",
+                           "FAKECUDA_THREAD_ITERS",
+                           "FAKECUDA_COPY_ERROR",
+                           "FAKECUDA_STUB",
+                           "FAKECUDA_INIT_CRASH"};
   for (const char* name : cleared) unsetenv(name);
   setenv("FAKECUDA_LOG", log_path, 1);
   setenv("FAKECUDA_DEVICES", "2", 1);
@@ -802,6 +862,7 @@ int main(int argc, char** argv) {
   CUcontext primary = check_contexts(a);
   const Blocks blocks = check_memory(a);
   check_fault_injection(a);
+  check_residency(a);
   check_fork(a, blocks);
   check_threads(a, primary);
   CHECK_RC(a.cuMemFree(blocks.managed), CUDA_SUCCESS);
