@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The test command: set-up if needed, configure, build, run every test, then
-# the unit tests again under AddressSanitizer+UBSan and ThreadSanitizer.
-# Usage: scripts/test.sh [--quick]   (--quick: skip the sanitizer builds)
+# the unit tests again under AddressSanitizer+UBSan and ThreadSanitizer, the
+# arena and backend tests under valgrind, the fuzzers for a bounded time, and
+# the README's install line on a fresh clone.
+# Usage: scripts/test.sh [--quick]   (--quick: only the release build's tests)
 set -euo pipefail
 shopt -s extglob
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -60,6 +62,10 @@ if [ $quick -eq 0 ]; then
   ninja -C build-asan
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run_suite build-asan --suite unit || status=1
+  # The launcher's commands that parse input (stats files, options) under
+  # ASan too; run and install preload the library, which an ASan build cannot.
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    run_suite build-asan cli-info cli-help cli-stats || status=1
   echo "== registry, loader and arena tests under ThreadSanitizer"
   configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
   ninja -C build-tsan
