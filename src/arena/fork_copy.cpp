@@ -296,7 +296,9 @@ void add_copied(const Pass& pass) noexcept {
 
 bool copy_early() noexcept {
   drop_early();
-  if (g_in_forked_child || driver_api() == nullptr) return true;
+  // driver_state(), not driver_api(): a process whose driver was never loaded
+  // (the host backend) must not load it to fork.
+  if (g_in_forked_child || driver_state() != DriverState::ready) return true;
   std::size_t n = 0;
   {
     SpinGuard guard(g_state.table.lock());
