@@ -247,6 +247,10 @@ void on_child_after_fork() noexcept {
 }  // namespace
 
 void install_fork_handling() noexcept {
+  // Resolved now, not on first use inside a fork's prepare handler.
+  next(g_fork, "fork");
+  next(g_sigaction, "sigaction");
+  next(g_signal, "signal");
   pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);
 }
 
