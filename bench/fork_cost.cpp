@@ -51,7 +51,8 @@ int main(int argc, char** argv) {
   }
   std::sort(times.begin(), times.end());
   const double median = times[times.size() / 2];
-  std::printf("live heap %ld MiB: fork + child + exit %.1f ms (median of %d)\n", mib, median, count);
+  std::printf("live heap %ld MiB: fork + child + exit %.1f ms (median of %d)\n", mib, median,
+              count);
   for (unsigned char* b : blocks) std::free(b);
   return 0;
 }

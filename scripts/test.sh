@@ -48,7 +48,7 @@ status=0
 echo "== format (clang-format, .clang-format)"
 if ! clang-format --dry-run --Werror $(git ls-files '*.cpp' '*.hpp' '*.h'); then
   echo "format: run clang-format -i on the files above"
-  status=1
+  status=1; failed=$((failed + 1))
 fi
 echo "== build (release)"
 configure build
