@@ -28,8 +28,10 @@ run_suite() {  # dir, meson test args...
   local dir=$1; shift
   local rc=0
   meson test -C "$dir" --print-errorlogs "$@" || rc=$?
-  local counts
-  counts=$(python3 - "$dir/meson-logs/testlog.json" <<'PY'
+  local counts log
+  # meson names the log after a --wrapper (testlog-valgrind.json): the newest one.
+  log=$(ls -t "$dir"/meson-logs/testlog*.json | head -1)
+  counts=$(python3 - "$log" <<'PY'
 import json, sys
 ok = bad = 0
 for line in open(sys.argv[1]):
