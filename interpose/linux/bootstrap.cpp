@@ -11,7 +11,6 @@
 // allocates again.
 #include "bootstrap.hpp"
 
-#include <pthread.h>
 #include <stdlib.h>
 #include <sys/auxv.h>
 #include <unistd.h>
