@@ -53,17 +53,8 @@ Fn next(std::atomic<Fn>& slot, const char* name) noexcept {
   return fn;
 }
 constinit std::atomic<ForkFn> g_fork{nullptr};
-constinit std::atomic<SigactionFn> g_sigaction{nullptr};
+constinit std::atomic<SigactionFn> g_sigaction{nullptr};  // the wrapper passes through to it
 constinit std::atomic<SignalFn> g_signal{nullptr};
-
-int real_sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
-  const SigactionFn fn = next(g_sigaction, "sigaction");
-  if (fn == nullptr) {
-    errno = ENOSYS;
-    return -1;
-  }
-  return fn(sig, act, old);
-}
 
 // ---- the fault handler and the application's handlers it stands in for
 
@@ -125,7 +116,7 @@ void install_ours(int sig, const struct sigaction& app) noexcept {
   ours.sa_sigaction = &on_fault;
   ours.sa_mask = app.sa_mask;
   ours.sa_flags = SA_SIGINFO | SA_ONSTACK | (app.sa_flags & (SA_NODEFER | SA_RESTART));
-  real_sigaction(sig, &ours, nullptr);
+  glibc_sigaction(sig, &ours, nullptr);
 }
 
 bool is_ours(const struct sigaction& a) noexcept {
@@ -158,7 +149,7 @@ void open_window() noexcept {
   WindowLock lock;
   for (int sig : kSignals) {
     struct sigaction app {};
-    if (real_sigaction(sig, nullptr, &app) != 0 || is_ours(app)) continue;
+    if (glibc_sigaction(sig, nullptr, &app) != 0 || is_ours(app)) continue;
     set_app_action(slot_of(sig), app);
     install_ours(sig, app);
   }
@@ -172,9 +163,9 @@ void close_window() noexcept {
   g_window.store(false, std::memory_order_release);
   for (int sig : kSignals) {
     struct sigaction now {};
-    if (real_sigaction(sig, nullptr, &now) != 0 || !is_ours(now)) continue;
+    if (glibc_sigaction(sig, nullptr, &now) != 0 || !is_ours(now)) continue;
     const struct sigaction app = app_action(slot_of(sig));
-    real_sigaction(sig, &app, nullptr);
+    glibc_sigaction(sig, &app, nullptr);
   }
 }
 
@@ -251,6 +242,8 @@ void install_fork_handling() noexcept {
   next(g_fork, "fork");
   next(g_sigaction, "sigaction");
   next(g_signal, "signal");
+  struct sigaction current {};
+  glibc_sigaction(SIGSEGV, nullptr, &current);
   pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);
 }
 
@@ -299,7 +292,14 @@ __attribute__((visibility("default"))) int sigaction(int sig, const struct sigac
       return 0;
     }
   }
-  return real_sigaction(sig, act, old);
+  // Outside the window: to whatever comes next (glibc, or another library
+  // that wraps sigaction, such as a JVM's libjsig).
+  const SigactionFn real = next(g_sigaction, "sigaction");
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  return real(sig, act, old);
 }
 
 // glibc's signal(): BSD semantics, the signal blocked in its own handler,

@@ -1,6 +1,5 @@
 #include "backend/crash_guard.hpp"
 
-#include <dlfcn.h>
 #include <setjmp.h>
 #include <signal.h>
 
@@ -30,14 +29,6 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   pass_signal_on(g_previous[slot_of(sig)], sig, info, context);
 }
 
-// glibc's sigaction, not a wrapper a preloaded library may export.
-int raw_sigaction(int sig, const struct sigaction* act, struct sigaction* old) noexcept {
-  using Fn = int (*)(int, const struct sigaction*, struct sigaction*);
-  static Fn real = nullptr;
-  if (real == nullptr) real = reinterpret_cast<Fn>(dlsym(RTLD_NEXT, "sigaction"));
-  return real != nullptr ? real(sig, act, old) : -1;
-}
-
 }  // namespace
 
 bool call_guarded(void (*fn)(void*), void* arg, int* signal) noexcept {
@@ -45,7 +36,7 @@ bool call_guarded(void (*fn)(void*), void* arg, int* signal) noexcept {
   guard.sa_sigaction = &on_fault;
   guard.sa_flags = SA_SIGINFO | SA_NODEFER;
   sigemptyset(&guard.sa_mask);
-  for (int i = 0; i < kCount; ++i) raw_sigaction(kSignals[i], &guard, &g_previous[i]);
+  for (int i = 0; i < kCount; ++i) glibc_sigaction(kSignals[i], &guard, &g_previous[i]);
   sigjmp_buf jump;
   const int caught = sigsetjmp(jump, 1);
   if (caught == 0) {
@@ -55,10 +46,10 @@ bool call_guarded(void (*fn)(void*), void* arg, int* signal) noexcept {
   t_guard = nullptr;
   for (int i = 0; i < kCount; ++i) {
     struct sigaction now {};
-    raw_sigaction(kSignals[i], nullptr, &now);
+    glibc_sigaction(kSignals[i], nullptr, &now);
     // Put back what was there, unless fn installed a handler of its own.
     if ((now.sa_flags & SA_SIGINFO) != 0 && now.sa_sigaction == &on_fault) {
-      raw_sigaction(kSignals[i], &g_previous[i], nullptr);
+      glibc_sigaction(kSignals[i], &g_previous[i], nullptr);
     }
   }
   *signal = caught;
