@@ -62,6 +62,21 @@ bool within_limit(BackendId backend, std::size_t bytes) noexcept {
   return used <= limit && bytes <= limit - used;
 }
 
+// Why `backend` refused a segment of `bytes`, in one clause.
+void describe_refusal(BackendId backend, std::size_t bytes, char* why,
+                      std::size_t why_len) noexcept {
+  char detail[200];
+  describe_last_failure(backend, detail, sizeof detail);
+  if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
+    std::snprintf(why, why_len, "the CUDA driver is unavailable: %.470s", driver_info().reason);
+  } else if (detail[0] != '\0') {
+    std::snprintf(why, why_len, "%s", detail);
+  } else {
+    std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB", backend_name(backend),
+                  bytes >> 20);
+  }
+}
+
 // Adds an arena of at least `min_bytes`; the caller holds grow_lock.
 bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
   if (g_state.arenas >= kMaxArenas) {
@@ -92,16 +107,7 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     got = acquire_segment(backend, want, kSegmentAlign, &seg);
   }
   if (!got) {
-    char detail[200];
-    describe_last_failure(backend, detail, sizeof detail);
-    if (is_cuda_backend(backend) && driver_state() != DriverState::ready) {
-      std::snprintf(why, why_len, "the CUDA driver is unavailable: %.470s", driver_info().reason);
-    } else if (detail[0] != '\0') {
-      std::snprintf(why, why_len, "%s", detail);
-    } else {
-      std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB",
-                    backend_name(backend), want >> 20);
-    }
+    describe_refusal(backend, want, why, why_len);
     return false;
   }
   // Into the table (which a fork's copy walks) and the ownership map before
@@ -203,11 +209,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
   }
   Segment seg;
   if (!acquire_segment(backend, rounded, align, &seg)) {
-    describe_last_failure(backend, why, why_len);
-    if (why[0] == '\0') {
-      std::snprintf(why, why_len, "the %s backend could not allocate %zu MiB",
-                    backend_name(backend), rounded >> 20);
-    }
+    describe_refusal(backend, rounded, why, why_len);
     return nullptr;
   }
   owner_map_set(seg.start, seg.size,
