@@ -1,13 +1,11 @@
 #include "arena/segment_provider.hpp"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <cstdint>
 
 #include "arena/ownership_map.hpp"
 #include "backend/backends.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -15,7 +13,7 @@ namespace {
 std::atomic<bool> g_forked_child{false};
 
 std::size_t page_size() noexcept {
-  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  static const std::size_t page = Os::page_size();
   return page;
 }
 
@@ -45,7 +43,9 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align,
 void release_segment(const Segment& segment) noexcept {
   owner_map_set(segment.start, segment.size, 0);
   if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(segment.backend)) {
-    munmap(segment.start, segment.size);  // the child's copy; the slack was never copied
+    // The child's copy (fork_copy.cpp, Linux), mapped by the provider at the
+    // segment's own address; the slack was never copied.
+    Os::unmap_pages(segment.start, segment.size);
     return;
   }
   with_backend(segment.backend,

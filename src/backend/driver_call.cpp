@@ -2,8 +2,6 @@
 // that makes one current around each driver call.
 #include "backend/driver_call.hpp"
 
-#include <time.h>
-
 #include <atomic>
 
 #include "backend/internal.hpp"
@@ -72,13 +70,6 @@ detail::InDriverScope::InDriverScope() noexcept : outer_(t_in_driver) {
 
 detail::InDriverScope::~InDriverScope() {
   t_in_driver = outer_;
-}
-
-std::uint64_t detail::monotonic_ns() noexcept {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
-         static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
 DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver) {

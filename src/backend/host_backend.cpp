@@ -1,6 +1,5 @@
-// Host: anonymous private mmap, registered like the CUDA backends.
-#include <errno.h>
-#include <sys/mman.h>
+// Host: the OS's private pages (mmap, VirtualAlloc), registered like the
+// CUDA backends.
 
 #include <atomic>
 #include <cstdint>
@@ -22,16 +21,16 @@ void* Host::allocate(std::size_t size) noexcept {
   BackendCounters& c = backend_counters(kId);
   const std::uint64_t start = detail::monotonic_ns();
   count_event(c.driver_calls);
-  void* ptr = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (ptr == MAP_FAILED) {
+  int error = 0;
+  void* ptr = Os::map_pages(size, &error);
+  if (ptr == nullptr) {
     count_event(c.driver_failures);
-    c.failed(kAllocationFailed, errno, size);
-    ptr = nullptr;
+    c.failed(kAllocationFailed, error, size);
   } else if (!g_host_registry.insert(ptr)) {
     count_event(c.registry_full);
     c.failed(kRegistryFull, 0, size);
     count_event(c.driver_calls);
-    if (munmap(ptr, size) != 0) count_event(c.driver_failures);
+    if (!Os::unmap_pages(ptr, size)) count_event(c.driver_failures);
     ptr = nullptr;
   }
   count_event(c.driver_ns, detail::monotonic_ns() - start);
@@ -44,7 +43,7 @@ bool Host::deallocate(void* ptr, std::size_t size) noexcept {
   BackendCounters& c = backend_counters(kId);
   const std::uint64_t start = detail::monotonic_ns();
   count_event(c.driver_calls);
-  const bool released = munmap(ptr, size) == 0;
+  const bool released = Os::unmap_pages(ptr, size);
   count_event(c.driver_ns, detail::monotonic_ns() - start);
   if (!released) {
     count_event(c.driver_failures);

@@ -4,6 +4,8 @@
 
 #include <cstdint>
 
+#include "platform/platform.hpp"
+
 namespace mnemosyne::detail {
 
 // Sets the thread's in-driver flag for a scope without touching contexts:
@@ -23,7 +25,9 @@ class InDriverScope {
 // set_device_ordinal calls are ignored.
 int freeze_device_ordinal() noexcept;
 
-// CLOCK_MONOTONIC in nanoseconds.
-std::uint64_t monotonic_ns() noexcept;
+// A monotonic clock in nanoseconds.
+inline std::uint64_t monotonic_ns() noexcept {
+  return Os::monotonic_ns();
+}
 
 }  // namespace mnemosyne::detail

@@ -1,15 +1,10 @@
-// One-time loading of the CUDA driver: dlopen, entry points, cuInit.
+// One-time loading of the CUDA driver: the library, entry points, cuInit.
 //
 // Nothing here allocates: the state lives in static storage, messages are
 // formatted with snprintf into fixed arrays. dlopen/dlsym/cuInit may call
 // malloc; they run with the thread's in-driver flag set so that an
 // interposer serves those calls without re-entering the driver.
 #include "backend/loader.hpp"
-
-#include <dlfcn.h>
-#include <sched.h>
-#include <string.h>
-#include <time.h>
 
 #include <atomic>
 #include <cstdio>
@@ -19,6 +14,7 @@
 #include "backend/crash_guard.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/internal.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -33,11 +29,12 @@ constexpr unsigned kFrozen = 1u << 31;
 constinit std::atomic<unsigned> g_ordinal{0};
 
 // Resolves entry points by cuGetProcAddress_v2 when the driver exports it,
-// else by dlsym of the versioned export name.
+// else by the versioned export name.
 class Resolver {
  public:
   explicit Resolver(void* handle) noexcept : handle_(handle) {
-    getproc_ = reinterpret_cast<PFN_cuGetProcAddress_v12000>(dlsym(handle, "cuGetProcAddress_v2"));
+    getproc_ = reinterpret_cast<PFN_cuGetProcAddress_v12000>(
+        Os::find_symbol(handle, "cuGetProcAddress_v2"));
   }
 
   // Asks the driver for its version (allowed before cuInit) and from then on
@@ -47,8 +44,8 @@ class Resolver {
     PFN_cuDriverGetVersion_v2020 get_version = nullptr;
     resolve(&get_version, "cuDriverGetVersion", "cuDriverGetVersion", 2020, false);
     if (get_version == nullptr) {  // the export has had one ABI since CUDA 2.2
-      get_version =
-          reinterpret_cast<PFN_cuDriverGetVersion_v2020>(dlsym(handle_, "cuDriverGetVersion"));
+      get_version = reinterpret_cast<PFN_cuDriverGetVersion_v2020>(
+          Os::find_symbol(handle_, "cuDriverGetVersion"));
     }
     int version = 0;
     const CUresult rc = get_version != nullptr ? get_version(&version) : CUDA_ERROR_NOT_FOUND;
@@ -81,13 +78,13 @@ class Resolver {
         if (r != CUDA_SUCCESS || found != CU_GET_PROC_ADDRESS_SUCCESS) fn = nullptr;
       }
     } else {
-      fn = dlsym(handle_, export_name);
+      fn = Os::find_symbol(handle_, export_name);
     }
     *out = reinterpret_cast<Fn>(fn);
     if (fn == nullptr && required) {
       std::snprintf(g_info.reason, sizeof g_info.reason,
                     "the CUDA driver lacks the entry point %s (%s, driver version %d)", export_name,
-                    getproc_ != nullptr ? "cuGetProcAddress_v2" : "dlsym", driver_version_);
+                    getproc_ != nullptr ? "cuGetProcAddress_v2" : "its exports", driver_version_);
       return false;
     }
     return true;
@@ -139,25 +136,22 @@ constinit bool g_driver_path_set = false;
 
 void* open_driver() noexcept {
   const char* override_path =
-      g_driver_path_set ? g_driver_path : secure_getenv("MNEMOSYNE_CUDA_DRIVER");
+      g_driver_path_set ? g_driver_path : Os::secure_env("MNEMOSYNE_CUDA_DRIVER");
+  char err[300];
   if (override_path != nullptr && override_path[0] != '\0') {
     std::snprintf(g_info.path, sizeof g_info.path, "%s", override_path);
-    void* h = dlopen(override_path, RTLD_NOW | RTLD_LOCAL);
+    void* h = Os::open_library(override_path, err, sizeof err);
     if (h == nullptr) {
-      const char* err = dlerror();
       std::snprintf(g_info.reason, sizeof g_info.reason,
-                    "cannot load MNEMOSYNE_CUDA_DRIVER=%.200s: %.250s", override_path,
-                    err != nullptr ? err : "dlopen failed");
+                    "cannot load MNEMOSYNE_CUDA_DRIVER=%.200s: %.250s", override_path, err);
     }
     return h;
   }
-  static constexpr const char* kNames[] = {"libcuda.so.1", "libcuda.so"};
-  for (const char* name : kNames) {
+  for (const char* name : Os::kDriverNames) {
     std::snprintf(g_info.path, sizeof g_info.path, "%s", name);
-    if (void* h = dlopen(name, RTLD_NOW | RTLD_LOCAL)) return h;
-    const char* err = dlerror();
-    std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load the CUDA driver (%s): %s", name,
-                  err != nullptr ? err : "dlopen failed");
+    if (void* h = Os::open_library(name, err, sizeof err)) return h;
+    std::snprintf(g_info.reason, sizeof g_info.reason, "cannot load the CUDA driver (%s): %.300s",
+                  name, err);
   }
   return nullptr;
 }
@@ -192,16 +186,15 @@ DriverState load() noexcept {
 
   // A driver that crashes in cuInit must not take the process with it.
   InitCall call{g_api.cuInit, CUDA_ERROR_UNKNOWN};
-  int signal = 0;
+  char what[160];
   if (!call_guarded(
           [](void* arg) {
             auto* c = static_cast<InitCall*>(arg);
             c->result = c->cuInit(0);
           },
-          &call, &signal)) {
+          &call, what, sizeof what)) {
     std::snprintf(g_info.reason, sizeof g_info.reason,
-                  "cuInit(0) crashed inside the driver (signal %d, %s); it is not called again",
-                  signal, sigabbrev_np(signal) != nullptr ? sigabbrev_np(signal) : "?");
+                  "cuInit(0) %s; the driver is not called again", what);
     return DriverState::unavailable;
   }
   const CUresult init = call.result;
@@ -222,15 +215,11 @@ DriverState load() noexcept {
 }
 
 void wait_while_initializing() noexcept {
-  for (unsigned spins = 0;
+  // cuInit takes 0.1 s or more: yield, then sleep.
+  for (std::size_t spins = 0;
        g_state.load(std::memory_order_acquire) == static_cast<int>(DriverState::initializing);
        ++spins) {
-    if (spins < 64) {
-      sched_yield();
-    } else {
-      struct timespec ts = {0, 200 * 1000};  // 200 us: cuInit takes 0.1 s or more
-      nanosleep(&ts, nullptr);
-    }
+    Os::pause(spins);
   }
 }
 

@@ -12,6 +12,22 @@
 namespace mnemosyne::cli {
 namespace {
 
+// Paths as the OS spells them: the injector (interpose/windows) uses these
+// flags on Windows.
+#if defined(_WIN32)
+constexpr const char* kSeparators = "/\\";
+constexpr const char* kDriverFile = "nvcuda.dll";
+bool is_absolute(const std::string& p) {
+  return (p.size() > 1 && p[1] == ':') || (!p.empty() && (p[0] == '\\' || p[0] == '/'));
+}
+#else
+constexpr const char* kSeparators = "/";
+constexpr const char* kDriverFile = "libcuda.so.1";
+bool is_absolute(const std::string& p) {
+  return !p.empty() && p[0] == '/';
+}
+#endif
+
 std::string lower(std::string_view s) {
   std::string out(s);
   for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -105,7 +121,11 @@ std::string library_complaint(const Flag& flag, const std::string& value) {
   return line;
 }
 
-bool is_directory(const std::string& path) {
+bool is_directory(std::string path) {
+#if defined(_WIN32)
+  // The C runtime's stat() refuses a trailing separator, except on "C:\".
+  while (path.size() > 3 && (path.back() == '\\' || path.back() == '/')) path.pop_back();
+#endif
   struct stat st;
   return stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
@@ -192,20 +212,19 @@ bool check_flag_value(const Flag& flag, const std::string& value, std::string* e
         return false;
       }
       const std::string_view name = flag.info->name;
-      if (name == "CUDA_DRIVER" && value.find('/') != std::string::npos &&
+      if (name == "CUDA_DRIVER" && value.find_first_of(kSeparators) != std::string::npos &&
           access(value.c_str(), F_OK) != 0) {
-        *why = shown +
-               ": no such file (give the path of libcuda.so.1, or a name the dynamic "
-               "linker finds)";
+        *why = shown + ": no such file (give the path of " + std::string(kDriverFile) +
+               ", or a name the dynamic linker finds)";
         return false;
       }
       if (name == "STATS_FILE") {
         // Absolute, so a COMMAND that changes directory writes it here.
-        if (value[0] != '/') {
+        if (!is_absolute(value)) {
           char cwd[4096];
           if (getcwd(cwd, sizeof cwd) != nullptr) out = std::string(cwd) + "/" + value;
         }
-        const std::size_t slash = value.rfind('/');
+        const std::size_t slash = value.find_last_of(kSeparators);
         const std::string dir = slash == std::string::npos ? "." : value.substr(0, slash + 1);
         if (dir.find('%') == std::string::npos && !is_directory(dir)) {
           *why = shown + ": the directory " + dir + " does not exist";

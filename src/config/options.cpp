@@ -7,6 +7,7 @@
 
 #include "config/internal.hpp"
 #include "config/options.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne::config {
 namespace {
@@ -129,7 +130,7 @@ class Reader {
   void apply(Row row, const Entry& e) noexcept;
   void invalid(Row row, const Entry& e, const char* what) noexcept;
   void path(Row row, const Entry& e, char* dest, std::size_t dest_size) noexcept;
-  void say(const char* format, ...) noexcept __attribute__((format(printf, 2, 3)));
+  void say(const char* format, ...) noexcept MNEMOSYNE_PRINTF(2, 3);
 
   bool secure_;
   Options* out_;

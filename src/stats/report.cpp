@@ -6,6 +6,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/counters.hpp"
+#include "platform/platform.hpp"
 #include "stats/counters.hpp"
 
 namespace mnemosyne::stats {
@@ -17,7 +18,7 @@ class Writer {
   Writer(char* buf, std::size_t len) noexcept : buf_(buf), len_(len) {
     if (len_ > 0) buf_[0] = '\0';
   }
-  __attribute__((format(printf, 2, 3))) void put(const char* fmt, ...) noexcept {
+  MNEMOSYNE_PRINTF(2, 3) void put(const char* fmt, ...) noexcept {
     va_list args;
     va_start(args, fmt);
     const std::size_t room = used_ < len_ ? len_ - used_ : 0;

@@ -1,7 +1,11 @@
+// call_guarded on Linux: signal handlers that siglongjmp out of fn.
 #include "backend/crash_guard.hpp"
 
 #include <setjmp.h>
 #include <signal.h>
+#include <string.h>
+
+#include <cstdio>
 
 #include "backend/signal_chain.hpp"
 
@@ -31,7 +35,7 @@ void on_fault(int sig, siginfo_t* info, void* context) {
 
 }  // namespace
 
-bool call_guarded(void (*fn)(void*), void* arg, int* signal) noexcept {
+bool call_guarded(void (*fn)(void*), void* arg, char* what, std::size_t len) noexcept {
   struct sigaction guard {};
   guard.sa_sigaction = &on_fault;
   guard.sa_flags = SA_SIGINFO | SA_NODEFER;
@@ -52,7 +56,11 @@ bool call_guarded(void (*fn)(void*), void* arg, int* signal) noexcept {
       glibc_sigaction(kSignals[i], &g_previous[i], nullptr);
     }
   }
-  *signal = caught;
+  if (caught != 0) {
+    const char* name = sigabbrev_np(caught);
+    std::snprintf(what, len, "crashed inside the driver (signal %d, %s)", caught,
+                  name != nullptr ? name : "?");
+  }
   return caught == 0;
 }
 

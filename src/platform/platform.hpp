@@ -1,0 +1,79 @@
+// The operating system below the backends: one struct of static functions
+// per OS (snmalloc's PAL idea), checked by one concept, chosen here once. The
+// code above never sees an #ifdef for loading the driver, mapping pages or
+// reading a setting.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+namespace mnemosyne::platform {
+
+// Each OS defines these in platform_<os>.cpp. Nothing here allocates through
+// malloc: it runs inside the allocator's own slow paths.
+template <class P>
+concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, int* err) {
+  // The CUDA driver library names to try, in order, when none is given.
+  { P::kDriverNames[0] } -> std::convertible_to<const char*>;
+  // A library, loaded once and never unloaded; nullptr with a reason in buf.
+  { P::open_library(text, buf, n) } -> std::same_as<void*>;
+  { P::find_symbol(p, text) } -> std::same_as<void*>;
+  // Zeroed read-write private pages; nullptr with the OS error in *err.
+  { P::map_pages(n, err) } -> std::same_as<void*>;
+  { P::unmap_pages(p, n) } -> std::same_as<bool>;
+  { P::page_size() } -> std::same_as<std::size_t>;
+  // A setting from the environment; ignored (nullptr) where a program runs
+  // with more privilege than its caller (set-uid on Linux).
+  { P::secure_env(text) } -> std::same_as<const char*>;
+  // Waiting for another thread: a yield for the first spins, then a sleep.
+  { P::pause(n) } -> std::same_as<void>;
+  { P::monotonic_ns() } -> std::same_as<std::uint64_t>;
+  { P::process_id() } -> std::same_as<long>;
+};
+
+struct Linux {
+  static constexpr const char* kDriverNames[] = {"libcuda.so.1", "libcuda.so"};
+  static void* open_library(const char* path, char* error, std::size_t len) noexcept;
+  static void* find_symbol(void* library, const char* name) noexcept;
+  static void* map_pages(std::size_t size, int* error) noexcept;
+  static bool unmap_pages(void* ptr, std::size_t size) noexcept;
+  static std::size_t page_size() noexcept;
+  static const char* secure_env(const char* name) noexcept;
+  static void pause(std::size_t spins) noexcept;
+  static std::uint64_t monotonic_ns() noexcept;
+  static long process_id() noexcept;
+};
+
+struct Windows {
+  static constexpr const char* kDriverNames[] = {"nvcuda.dll"};
+  static void* open_library(const char* path, char* error, std::size_t len) noexcept;
+  static void* find_symbol(void* library, const char* name) noexcept;
+  static void* map_pages(std::size_t size, int* error) noexcept;
+  static bool unmap_pages(void* ptr, std::size_t size) noexcept;
+  static std::size_t page_size() noexcept;
+  static const char* secure_env(const char* name) noexcept;
+  static void pause(std::size_t spins) noexcept;
+  static std::uint64_t monotonic_ns() noexcept;
+  static long process_id() noexcept;
+};
+
+}  // namespace mnemosyne::platform
+
+namespace mnemosyne {
+#if defined(_WIN32)
+using Os = platform::Windows;
+#else
+using Os = platform::Linux;
+#endif
+static_assert(platform::Layer<Os>);
+}  // namespace mnemosyne
+
+// printf-style checking of our own formatting functions: mingw-w64's
+// headers check against the MS runtime's format unless told it is the C99
+// one (the build defines __USE_MINGW_ANSI_STDIO=1 on Windows).
+#if defined(_WIN32)
+#define MNEMOSYNE_PRINTF(fmt, first) __attribute__((format(gnu_printf, fmt, first)))
+#else
+#define MNEMOSYNE_PRINTF(fmt, first) __attribute__((format(printf, fmt, first)))
+#endif

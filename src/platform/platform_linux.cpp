@@ -1,0 +1,69 @@
+// platform::Linux: dlopen, mmap, secure_getenv.
+#include <dlfcn.h>
+#include <errno.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "platform/platform.hpp"
+
+namespace mnemosyne::platform {
+
+void* Linux::open_library(const char* path, char* error, std::size_t len) noexcept {
+  void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* why = dlerror();
+    std::snprintf(error, len, "%s", why != nullptr ? why : "dlopen failed");
+  }
+  return h;
+}
+
+void* Linux::find_symbol(void* library, const char* name) noexcept {
+  return dlsym(library, name);
+}
+
+void* Linux::map_pages(std::size_t size, int* error) noexcept {
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p != MAP_FAILED) return p;
+  *error = errno;
+  return nullptr;
+}
+
+bool Linux::unmap_pages(void* ptr, std::size_t size) noexcept {
+  return munmap(ptr, size) == 0;
+}
+
+std::size_t Linux::page_size() noexcept {
+  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+const char* Linux::secure_env(const char* name) noexcept {
+  return secure_getenv(name);
+}
+
+void Linux::pause(std::size_t spins) noexcept {
+  if (spins < 64) {
+    sched_yield();
+  } else {
+    struct timespec ts = {0, 200 * 1000};
+    nanosleep(&ts, nullptr);
+  }
+}
+
+std::uint64_t Linux::monotonic_ns() noexcept {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
+         static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+long Linux::process_id() noexcept {
+  return static_cast<long>(getpid());
+}
+
+}  // namespace mnemosyne::platform

@@ -1,0 +1,80 @@
+// platform::Windows: LoadLibrary, VirtualAlloc, the process environment.
+#include <windows.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "platform/platform.hpp"
+
+namespace mnemosyne::platform {
+
+void* Windows::open_library(const char* path, char* error, std::size_t len) noexcept {
+  HMODULE h = LoadLibraryA(path);
+  if (h == nullptr) {
+    const DWORD code = GetLastError();
+    char text[256] = {};
+    const DWORD n = FormatMessageA(FORMAT_MESSAGE_FROM_SYSTEM | FORMAT_MESSAGE_IGNORE_INSERTS,
+                                   nullptr, code, 0, text, sizeof text, nullptr);
+    for (DWORD i = n; i > 0 && (text[i - 1] == '\n' || text[i - 1] == '\r' || text[i - 1] == '.');
+         --i) {
+      text[i - 1] = '\0';
+    }
+    std::snprintf(error, len, "LoadLibrary failed: error %lu%s%s", static_cast<unsigned long>(code),
+                  text[0] != '\0' ? ", " : "", text);
+  }
+  return reinterpret_cast<void*>(h);
+}
+
+void* Windows::find_symbol(void* library, const char* name) noexcept {
+  return reinterpret_cast<void*>(GetProcAddress(static_cast<HMODULE>(library), name));
+}
+
+void* Windows::map_pages(std::size_t size, int* error) noexcept {
+  void* p = VirtualAlloc(nullptr, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
+  if (p == nullptr) *error = static_cast<int>(GetLastError());
+  return p;
+}
+
+// VirtualFree releases a whole reservation only: `ptr` is always the base
+// map_pages returned, and the size is the reservation's.
+bool Windows::unmap_pages(void* ptr, std::size_t) noexcept {
+  return VirtualFree(ptr, 0, MEM_RELEASE) != 0;
+}
+
+std::size_t Windows::page_size() noexcept {
+  SYSTEM_INFO info;
+  GetSystemInfo(&info);
+  return info.dwPageSize;
+}
+
+// Windows has no set-uid programs: a process's environment is its caller's.
+const char* Windows::secure_env(const char* name) noexcept {
+  return std::getenv(name);
+}
+
+void Windows::pause(std::size_t spins) noexcept {
+  if (spins < 64) {
+    SwitchToThread();
+  } else {
+    Sleep(1);
+  }
+}
+
+std::uint64_t Windows::monotonic_ns() noexcept {
+  static LARGE_INTEGER frequency = [] {
+    LARGE_INTEGER f;
+    QueryPerformanceFrequency(&f);
+    return f;
+  }();
+  LARGE_INTEGER now;
+  QueryPerformanceCounter(&now);
+  const auto ticks = static_cast<std::uint64_t>(now.QuadPart);
+  const auto hz = static_cast<std::uint64_t>(frequency.QuadPart);
+  return ticks / hz * 1000000000u + ticks % hz * 1000000000u / hz;
+}
+
+long Windows::process_id() noexcept {
+  return static_cast<long>(GetCurrentProcessId());
+}
+
+}  // namespace mnemosyne::platform
