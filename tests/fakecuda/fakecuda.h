@@ -1,5 +1,6 @@
 /* Test-only control and observation API of the fake CUDA driver
- * (libfakecuda.so / libfakecuda-noproc.so). Plain C so that any test can use it.
+ * (libfakecuda.so / libfakecuda-noproc.so; fakecuda.dll on Windows). Plain C so
+ * that any test can use it.
  *
  * Tests do not link the library: they dlopen it by path (the same path the
  * product is given in MNEMOSYNE_CUDA_DRIVER, so both get the same instance) and
@@ -16,7 +17,15 @@
 extern "C" {
 #endif
 
-#if defined(__GNUC__)
+/* Exported from the library; for its users (which never link it) plain
+ * declarations. */
+#if defined(_WIN32)
+#if defined(FAKECUDA_BUILDING)
+#define FAKECUDA_EXPORT __declspec(dllexport)
+#else
+#define FAKECUDA_EXPORT
+#endif
+#elif defined(__GNUC__)
 #define FAKECUDA_EXPORT __attribute__((visibility("default")))
 #else
 #define FAKECUDA_EXPORT

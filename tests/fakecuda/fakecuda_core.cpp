@@ -1,16 +1,14 @@
 // Fake CUDA driver: state, log, cuInit and its internal thread, fork handling,
 // devices, error names and the fakecuda_* control functions.
 #include <errno.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-#include <unistd.h>
 
 #include "fakecuda_internal.h"
+#include "fakecuda_os.h"
 
 namespace fakecuda {
 
@@ -27,21 +25,21 @@ std::atomic<bool> g_stub{false};
 
 namespace {
 
-pthread_mutex_t g_lock = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
+pthread_mutex_t g_lock = FAKECUDA_ERRORCHECK_MUTEX_INITIALIZER;
 // Serialises cuInit (taken before g_lock, never after it).
-pthread_mutex_t g_init_lock = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
-std::atomic<int> g_log_fd{-1};
+pthread_mutex_t g_init_lock = FAKECUDA_ERRORCHECK_MUTEX_INITIALIZER;
+std::atomic<os::LogHandle> g_log{os::kNoLog};
 void* g_init_keep = nullptr;  // the block cuInit mallocs and keeps
 void* g_init_small[3] = {};   // small bookkeeping cuInit mallocs and keeps
 
 void open_log() noexcept {
-  if (g_log_fd.load(std::memory_order_acquire) >= 0) return;
+  if (g_log.load(std::memory_order_acquire) != os::kNoLog) return;
   const char* path = getenv("FAKECUDA_LOG");
   if (path == nullptr || path[0] == '\0') return;
-  int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) return;
-  int expected = -1;
-  if (!g_log_fd.compare_exchange_strong(expected, fd, std::memory_order_acq_rel)) close(fd);
+  const os::LogHandle h = os::log_open(path);
+  if (h == os::kNoLog) return;
+  os::LogHandle expected = os::kNoLog;
+  if (!g_log.compare_exchange_strong(expected, h, std::memory_order_acq_rel)) os::log_close(h);
 }
 
 bool env_long(const char* name, long* out) noexcept {
@@ -67,16 +65,7 @@ bool env_ull(const char* name, unsigned long long* out) noexcept {
 }
 
 void sleep_ms(long ms) noexcept {
-  if (ms <= 0) return;
-  timespec ts{ms / 1000, (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
-
-void sleep_us(long us) noexcept {
-  timespec ts{us / 1000000L, (us % 1000000L) * 1000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
+  if (ms > 0) os::sleep_us(std::int64_t{ms} * 1000);
 }
 
 void read_config() noexcept {
@@ -109,10 +98,7 @@ void lock_or_die(pthread_mutex_t* m, const char* call) noexcept {
                    "malloc called while it held its own lock\n",
                    call, e == EDEADLK ? "self-deadlock" : strerror(e));
   log_line("deadlock call=%s err=%d", call, e);
-  if (n > 0) {
-    ssize_t w = write(2, buf, size_t(n) < sizeof buf ? size_t(n) : sizeof buf - 1);
-    (void)w;
-  }
+  if (n > 0) os::write_stderr(buf, size_t(n) < sizeof buf ? size_t(n) : sizeof buf - 1);
   abort();
 }
 
@@ -129,15 +115,13 @@ std::uint64_t next_random(std::uint64_t* s) noexcept {
 // What a real driver's helper threads do to a malloc interposer: take the
 // driver's lock, then call malloc (sometimes for a big block) while holding it.
 void* internal_thread(void*) {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
   std::uint64_t seed =
-      std::uint64_t(now.tv_nsec) ^ (std::uint64_t(getpid()) << 32) ^ 0x9e3779b97f4a7c15ull;
+      os::monotonic_ns() ^ (std::uint64_t(os::pid()) << 32) ^ 0x9e3779b97f4a7c15ull;
   if (seed == 0) seed = 1;
   const std::size_t max = g_config.thread_alloc_max;
   const int iters = g_config.thread_iters;
   for (int i = 0; i < iters; ++i) {
-    sleep_us(long(2000 + next_random(&seed) % 2000));
+    os::sleep_us(std::int64_t(2000 + next_random(&seed) % 2000));
     if (g_forked.load(std::memory_order_relaxed)) break;
     std::size_t size;
     const std::uint64_t r = next_random(&seed);
@@ -177,7 +161,7 @@ void on_fork_parent() {
 }
 
 void on_fork_child() {
-  pthread_mutex_t fresh = PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP;
+  pthread_mutex_t fresh = FAKECUDA_ERRORCHECK_MUTEX_INITIALIZER;
   g_lock = fresh;  // held by the parent's thread, which this child does not have
   g_forked.store(true, std::memory_order_release);
   log_line("fork-child");
@@ -187,7 +171,7 @@ __attribute__((constructor)) void fakecuda_load() {
   const char* stub = getenv("FAKECUDA_STUB");
   g_stub.store(stub != nullptr && stub[0] == '1');
   open_log();
-  pthread_atfork(on_fork_prepare, on_fork_parent, on_fork_child);
+  os::at_fork(on_fork_prepare, on_fork_parent, on_fork_child);
 }
 
 }  // namespace
@@ -201,21 +185,24 @@ void unlock() noexcept {
 }
 
 void log_line(const char* fmt, ...) noexcept {
-  int fd = g_log_fd.load(std::memory_order_acquire);
-  if (fd < 0) return;
+  const os::LogHandle h = g_log.load(std::memory_order_acquire);
+  if (h == os::kNoLog) return;
   char buf[512];
-  int n = snprintf(buf, sizeof buf, "%d ", int(getpid()));
+  int n = snprintf(buf, sizeof buf, "%d ", os::pid());
   if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);
+#if defined(_WIN32)
+  int m = __mingw_vsnprintf(buf + n, sizeof buf - std::size_t(n), fmt, ap);
+#else
   int m = vsnprintf(buf + n, sizeof buf - std::size_t(n), fmt, ap);
+#endif
   va_end(ap);
   if (m < 0) return;
   std::size_t len = std::size_t(n) + std::size_t(m);
   if (len > sizeof buf - 2) len = sizeof buf - 2;
   buf[len++] = '\n';
-  ssize_t w = write(fd, buf, len);
-  (void)w;
+  os::log_write(h, buf, len);
 }
 
 CUresult fail(const char* call, CUresult rc) noexcept {
@@ -263,8 +250,11 @@ FAKECUDA_API CUresult cuInit(unsigned int flags) {
   CUresult rc = CUDA_SUCCESS;
   if (const char* crash = getenv("FAKECUDA_INIT_CRASH"); crash != nullptr && crash[0] == '1') {
     // A driver that dereferences garbage in cuInit, before taking any lock.
+    // Through a volatile pointer so that the compiler emits the store itself
+    // (an access violation / SIGSEGV), not a trap instruction instead.
     log_line("init-crash");
-    *static_cast<volatile int*>(nullptr) = 1;
+    int* volatile bad = nullptr;
+    *bad = 1;
   }
   if (g_stub.load(std::memory_order_relaxed)) {
     rc = CUDA_ERROR_STUB_LIBRARY;
@@ -303,10 +293,7 @@ FAKECUDA_API CUresult cuInit(unsigned int flags) {
         unlock();
         if (rc == CUDA_SUCCESS) {
           g_initialized.store(true, std::memory_order_release);
-          if (g_config.thread_iters > 0) {
-            pthread_t t;
-            if (pthread_create(&t, nullptr, internal_thread, nullptr) == 0) pthread_detach(t);
-          }
+          if (g_config.thread_iters > 0) os::start_thread(internal_thread);
         }
       }
     }

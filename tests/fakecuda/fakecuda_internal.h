@@ -1,13 +1,20 @@
 // Shared internals of the fake CUDA driver. Everything here has hidden
-// visibility (the library is built with -fvisibility=hidden); only the cu*
-// entry points and the fakecuda_* control functions are exported.
+// visibility (the library is built with -fvisibility=hidden; on Windows only
+// dllexport'ed names are exported); only the cu* entry points and the
+// fakecuda_* control functions are exported.
 #pragma once
 
+#if defined(_WIN32)
+#include <cuda.h>
+#define FAKECUDA_API extern "C" __declspec(dllexport)
+#else
 // The driver's entry points must be exported: give every declaration cuda.h
 // makes default visibility, so the definitions inherit it.
 #pragma GCC visibility push(default)
 #include <cuda.h>
 #pragma GCC visibility pop
+#define FAKECUDA_API extern "C" __attribute__((visibility("default")))
+#endif
 
 #include <pthread.h>
 
@@ -15,9 +22,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#define FAKECUDA_BUILDING 1  // fakecuda.h: export the fakecuda_* functions
 #include "fakecuda.h"
-
-#define FAKECUDA_API extern "C" __attribute__((visibility("default")))
 
 namespace fakecuda {
 
@@ -92,8 +98,16 @@ struct Ctx {
 void lock(const char* call) noexcept;
 void unlock() noexcept;
 
-// Appends "<pid> <formatted>\n" to FAKECUDA_LOG with one write(2). No malloc.
-void log_line(const char* fmt, ...) noexcept __attribute__((format(printf, 1, 2)));
+// mingw's "printf" format checks msvcrt's conversions; log_line formats with
+// mingw's C99 one (%zu, %llu), so check against that.
+#if defined(_WIN32)
+#define FAKECUDA_PRINTF gnu_printf
+#else
+#define FAKECUDA_PRINTF printf
+#endif
+
+// Appends "<pid> <formatted>\n" to FAKECUDA_LOG with one write. No malloc.
+void log_line(const char* fmt, ...) noexcept __attribute__((format(FAKECUDA_PRINTF, 1, 2)));
 
 // Counts and logs a failing call; returns rc.
 CUresult fail(const char* call, CUresult rc) noexcept;

@@ -1,14 +1,14 @@
 // Fake CUDA driver: managed and pinned memory, advice, pointer attributes.
-// Blocks are anonymous mappings marked MADV_DONTFORK; each live block has a
-// malloc'd record in an address-sorted, realloc'd index. The allocation calls
-// call malloc/realloc/free while holding the driver lock, as the real one does.
+// Blocks are anonymous mappings (Linux: marked MADV_DONTFORK); each live block
+// has a malloc'd record in an address-sorted, realloc'd index. The allocation
+// calls call malloc/realloc/free while holding the driver lock, as the real
+// one does.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include "fakecuda_internal.h"
+#include "fakecuda_os.h"
 
 namespace fakecuda {
 
@@ -44,7 +44,7 @@ const char* kind_name(int kind) {
 }
 
 std::size_t page_size() noexcept {
-  return std::size_t(sysconf(_SC_PAGESIZE));
+  return os::page_size();
 }
 
 std::size_t round_up(std::size_t v, std::size_t a) noexcept {
@@ -114,22 +114,11 @@ CUresult admit(std::size_t size) noexcept {
 
 // Maps len bytes at a 2 MiB aligned address that is not 32 MiB aligned.
 void* map_managed(std::size_t len) noexcept {
-  const std::size_t reserve = len + 2 * kManagedAlign;
-  void* m = mmap(nullptr, reserve, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  const auto base = reinterpret_cast<std::uintptr_t>(m);
-  std::uintptr_t a = round_up(base, kManagedAlign);
-  if (a % kAvoidAlign == 0) a += kManagedAlign;
-  if (a > base) munmap(m, a - base);
-  const std::uintptr_t end = base + reserve;
-  if (a + len < end) munmap(reinterpret_cast<void*>(a + len), end - (a + len));
-  return reinterpret_cast<void*>(a);
+  return os::map_aligned(len, kManagedAlign, kAvoidAlign);
 }
 
 void* map_host(std::size_t len) noexcept {
-  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  return m == MAP_FAILED ? nullptr : m;
+  return os::map_pages(len);
 }
 
 // Lock held. Allocates a block of the given kind for the current context.
@@ -140,20 +129,20 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   // A forked child must not inherit the driver's memory, as with the real
   // driver's pinned and managed memory.
-  if (madvise(p, len, MADV_DONTFORK) != 0) {
-    munmap(p, len);
+  if (!os::dont_fork(p, len)) {
+    os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   auto* b = static_cast<Block*>(malloc(sizeof(Block)));
   if (b == nullptr) {
-    munmap(p, len);
+    os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   *b = Block{
       reinterpret_cast<std::uintptr_t>(p), size, len, kind, flags, ctx->device, ctx, 0, -1, -1, -1};
   if (!index_insert(b)) {
     free(b);
-    munmap(p, len);
+    os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   g_counters.live_bytes.fetch_add(size);
@@ -166,7 +155,7 @@ void release(std::size_t i) noexcept {
   Block* b = g_blocks[i];
   index_remove(i);
   if (b->kind == kManaged) forget_device_range(b->addr);
-  munmap(reinterpret_cast<void*>(b->addr), b->map_len);
+  os::unmap(reinterpret_cast<void*>(b->addr), b->map_len);
   g_counters.live_bytes.fetch_sub(b->size);
   free(b);
 }

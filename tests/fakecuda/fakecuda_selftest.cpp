@@ -4,21 +4,29 @@
 // the behaviour documented in README.md. It re-executes itself with
 // "--env-faults <lib>" and "--env-nodev <lib>" to check the settings that are
 // read from the environment at cuInit in a fresh process.
+//
+// On Windows (fakecuda.dll, fakecuda-noproc.dll) the same checks run, less
+// fork and residency, which the driver does not simulate there.
 #include <cuda.h>
 #include <cudaTypedefs.h>
-#include <dlfcn.h>
-#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
+#if defined(_WIN32)
+#include <process.h>
+#include <windows.h>
+#else
+#include <dlfcn.h>
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
+#endif
 
 #include <atomic>
 #include <string>
@@ -29,6 +37,35 @@
 namespace {
 
 int g_failures = 0;
+
+#if defined(_WIN32)
+// The POSIX calls this test makes, over LoadLibrary/GetProcAddress and the CRT
+// (which the DLL shares: msvcrt.dll, so it sees this environment).
+constexpr int RTLD_NOW = 0;
+constexpr int RTLD_LOCAL = 0;
+
+void* dlopen(const char* path, int) {
+  return reinterpret_cast<void*>(LoadLibraryA(path));
+}
+
+void* dlsym(void* h, const char* name) {
+  return reinterpret_cast<void*>(GetProcAddress(static_cast<HMODULE>(h), name));
+}
+
+const char* dlerror() {
+  static char buf[32];
+  snprintf(buf, sizeof buf, "error %lu", GetLastError());
+  return buf;
+}
+
+int setenv(const char* name, const char* value, int) {
+  return _putenv_s(name, value);
+}
+
+int unsetenv(const char* name) {
+  return _putenv_s(name, "");  // an empty value removes the variable
+}
+#endif
 
 #define CHECK(cond)                                                            \
   do {                                                                         \
@@ -162,7 +199,7 @@ double now_ms() {
 
 std::string read_file(const char* path) {
   std::string s;
-  FILE* f = fopen(path, "r");
+  FILE* f = fopen(path, "rb");
   if (f == nullptr) return s;
   char buf[4096];
   size_t n;
@@ -542,6 +579,7 @@ void check_fault_injection(Api& a) {
   CHECK(a.counters().live_bytes == live);
 }
 
+#if !defined(_WIN32)
 void check_fork(Api& a, const Blocks& blocks) {
   fflush(nullptr);
   pid_t pid = fork();
@@ -583,6 +621,7 @@ void check_fork(Api& a, const Blocks& blocks) {
   int n = 0;
   CHECK_RC(a.cuDeviceGetCount(&n), CUDA_SUCCESS);
 }
+#endif
 
 void check_threads(Api& a, CUcontext primary) {
   // The internal thread: about 30 malloc/free pairs under the driver lock.
@@ -652,7 +691,9 @@ void check_log(const char* path, pid_t self) {
     }
   }
   CHECK(contains(log, " advice=3 loc_type=1 loc_id=1 rc=0\n"));
+#if !defined(_WIN32)
   CHECK(contains(log, " fork-child\n"));
+#endif
   // One well-formed line per event: "<pid> <event> ...".
   size_t lines = 0;
   for (size_t pos = 0; pos < log.size();) {
@@ -757,6 +798,33 @@ int run_env_nodev(const char* lib) {
   return g_failures == 0 ? 0 : 1;
 }
 
+#if defined(_WIN32)
+// The child inherits this process's environment: set env, spawn, restore.
+// (_spawnl does not quote: the paths must not contain spaces.)
+bool run_child(const char* mode, const char* lib, const std::vector<std::string>& env) {
+  fflush(nullptr);
+  std::vector<std::string> names, saved;
+  for (const std::string& e : env) {
+    const size_t eq = e.find('=');
+    names.push_back(e.substr(0, eq));
+    const char* old = getenv(names.back().c_str());
+    saved.push_back(old != nullptr ? old : "");
+    _putenv_s(names.back().c_str(), e.c_str() + eq + 1);
+  }
+  char self[MAX_PATH];
+  const DWORD len = GetModuleFileNameA(nullptr, self, sizeof self);
+  const intptr_t status =
+      len == 0 || len == sizeof self
+          ? -1
+          : _spawnl(_P_WAIT, self, "fakecuda_selftest", mode, lib, static_cast<char*>(nullptr));
+  for (size_t i = 0; i < names.size(); ++i) _putenv_s(names[i].c_str(), saved[i].c_str());
+  if (status != 0) {
+    fprintf(stderr, "child %s failed (status %d)\n", mode, int(status));
+    return false;
+  }
+  return true;
+}
+#else
 bool run_child(const char* mode, const char* lib, const std::vector<std::string>& env) {
   fflush(nullptr);
   pid_t pid = fork();
@@ -773,7 +841,28 @@ bool run_child(const char* mode, const char* lib, const std::vector<std::string>
   }
   return true;
 }
+#endif
 
+#if defined(_WIN32)
+// No residency simulation: nothing moves to the device, the copy call reads
+// the CPU's data.
+void check_residency(Api& a) {
+  CUdeviceptr dp = 0;
+  CHECK_RC(a.cuMemAllocManaged(&dp, 4 * 4096, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  auto* p = reinterpret_cast<unsigned char*>(dp);
+  memset(p, 0x3c, 4 * 4096);
+  CHECK(a.migrate_to_device(p, 4096) == -1);
+  CHECK(a.on_device(p) == 0);
+  unsigned char out[100] = {};
+  CHECK_RC(a.cuMemcpyDtoH(out, dp + 4000, sizeof out), CUDA_SUCCESS);
+  CHECK(out[0] == 0x3c && out[99] == 0x3c);
+  a.set_copy_error(CUDA_ERROR_UNKNOWN);
+  CHECK_RC(a.cuMemcpyDtoH(out, dp, sizeof out), CUDA_ERROR_UNKNOWN);
+  a.set_copy_error(0);
+  CHECK_RC(a.cuMemcpyDtoH(out, dp, 5 * 4096), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemFree(dp), CUDA_SUCCESS);
+}
+#else
 // Pages on the device: mincore calls them not resident, yet they hold data;
 // the copy call reads it in place; a CPU touch migrates it back.
 void check_residency(Api& a) {
@@ -817,6 +906,7 @@ void check_residency(Api& a) {
   CHECK_RC(a.cuMemFree(dp), CUDA_SUCCESS);
   CHECK(a.on_device(p) == 0);
 }
+#endif
 
 }  // namespace
 
@@ -830,6 +920,16 @@ int main(int argc, char** argv) {
   const char* lib = argv[1];
   const char* noproc = argv[2];
 
+#if defined(_WIN32)
+  char temp_dir[MAX_PATH];
+  char log_path[MAX_PATH];
+  const DWORD dir_len = GetTempPathA(sizeof temp_dir, temp_dir);
+  if (dir_len == 0 || dir_len >= sizeof temp_dir ||
+      GetTempFileNameA(temp_dir, "fcu", 0, log_path) == 0) {
+    fprintf(stderr, "GetTempFileName failed: %lu\n", GetLastError());
+    return 1;
+  }
+#else
   char log_path[] = "/tmp/fakecuda-selftest-XXXXXX";
   int fd = mkstemp(log_path);
   if (fd < 0) {
@@ -837,6 +937,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   close(fd);
+#endif
   const char* cleared[] = {"FAKECUDA_INIT_ERROR",
                            "FAKECUDA_INIT_DELAY_MS",
                            "FAKECUDA_FAIL_ALLOC_AFTER",
@@ -863,7 +964,9 @@ int main(int argc, char** argv) {
   const Blocks blocks = check_memory(a);
   check_fault_injection(a);
   check_residency(a);
+#if !defined(_WIN32)
   check_fork(a, blocks);
+#endif
   check_threads(a, primary);
   CHECK_RC(a.cuMemFree(blocks.managed), CUDA_SUCCESS);
   CHECK_RC(a.cuMemFreeHost(blocks.host), CUDA_SUCCESS);

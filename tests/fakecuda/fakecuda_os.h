@@ -1,0 +1,60 @@
+// What the fake CUDA driver needs from the operating system: memory, the log
+// file, the process id, sleeping, its internal thread and fork handling.
+// fakecuda_os_linux.cpp and fakecuda_os_windows.cpp implement it; everything
+// else is shared. None of these functions calls malloc.
+#pragma once
+
+#include <pthread.h>
+
+#include <cstddef>
+#include <cstdint>
+
+// A statically initialised error-checking mutex (winpthreads lacks the _NP name).
+#if defined(_WIN32)
+#define FAKECUDA_ERRORCHECK_MUTEX_INITIALIZER PTHREAD_ERRORCHECK_MUTEX_INITIALIZER
+#else
+#define FAKECUDA_ERRORCHECK_MUTEX_INITIALIZER PTHREAD_ERRORCHECK_MUTEX_INITIALIZER_NP
+#endif
+
+namespace fakecuda::os {
+
+// The page size: the granularity of the blocks' mapped lengths.
+std::size_t page_size() noexcept;
+
+// len (page rounded) bytes of zeroed read/write memory, or nullptr.
+void* map_pages(std::size_t len) noexcept;
+// Like map_pages, at an address that is a multiple of align but not of avoid
+// (a multiple of align); address space only where the OS allows (Linux
+// MAP_NORESERVE).
+void* map_aligned(std::size_t len, std::size_t align, std::size_t avoid) noexcept;
+// Releases memory of map_pages / map_aligned; len as given to them.
+void unmap(void* p, std::size_t len) noexcept;
+// Keeps a forked child from inheriting [p, p + len) (MADV_DONTFORK). Windows
+// has no fork: always true there.
+bool dont_fork(void* p, std::size_t len) noexcept;
+
+// The log: an append-only file that several processes may share.
+using LogHandle = std::intptr_t;
+inline constexpr LogHandle kNoLog = -1;
+// Opens (creates) path for appending; kNoLog on failure. The handle is not
+// inherited by child processes.
+LogHandle log_open(const char* path) noexcept;
+void log_close(LogHandle h) noexcept;
+// Appends buf in one write, so lines of concurrent processes do not mix.
+void log_write(LogHandle h, const char* buf, std::size_t len) noexcept;
+void write_stderr(const char* buf, std::size_t len) noexcept;
+
+int pid() noexcept;
+void sleep_us(std::int64_t us) noexcept;
+// A monotonic clock in nanoseconds (seeds the internal thread's sizes).
+std::uint64_t monotonic_ns() noexcept;
+
+// Starts fn on a detached thread; false if that failed. The library stays
+// loaded for as long as the process lives, as the thread may outlive an unload
+// (Linux: linked with -z nodelete; Windows: the module is pinned here).
+bool start_thread(void* (*fn)(void*)) noexcept;
+
+// Registers fork handlers (pthread_atfork). Windows has no fork: does nothing.
+void at_fork(void (*prepare)(), void (*parent)(), void (*child)()) noexcept;
+
+}  // namespace fakecuda::os
