@@ -1,0 +1,140 @@
+// mnemosyne-inject.exe [FLAGS] [--] PROGRAM [ARGS...]: runs PROGRAM with
+// mnemosyne.dll (next to this executable) loaded before PROGRAM's own code,
+// its stdio inherited, and returns its exit code. FLAGS are those of
+// `mnemosyne run` on Linux (src/cli/flags.cpp: one per MNEMOSYNE_* option);
+// each sets its variable, which PROGRAM and its children inherit.
+#include <windows.h>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cli/flags.hpp"
+#include "inject.hpp"
+
+namespace {
+
+std::string narrow(const wchar_t* w) {
+  const int n = WideCharToMultiByte(CP_UTF8, 0, w, -1, nullptr, 0, nullptr, nullptr);
+  std::string s(n > 0 ? n - 1 : 0, '\0');
+  if (n > 1) WideCharToMultiByte(CP_UTF8, 0, w, -1, s.data(), n, nullptr, nullptr);
+  return s;
+}
+
+// One argument quoted as CommandLineToArgvW reads it back.
+void append_quoted(std::wstring& cmd, const std::wstring& arg) {
+  if (!cmd.empty()) cmd += L' ';
+  if (!arg.empty() && arg.find_first_of(L" \t\n\v\"") == std::wstring::npos) {
+    cmd += arg;
+    return;
+  }
+  cmd += L'"';
+  std::size_t backslashes = 0;
+  for (wchar_t c : arg) {
+    if (c == L'\\') {
+      ++backslashes;
+      continue;
+    }
+    if (c == L'"')
+      cmd.append(2 * backslashes + 1, L'\\');
+    else
+      cmd.append(backslashes, L'\\');
+    backslashes = 0;
+    cmd += c;
+  }
+  cmd.append(2 * backslashes, L'\\');
+  cmd += L'"';
+}
+
+int usage(FILE* to) {
+  std::fprintf(to,
+               "usage: mnemosyne-inject [FLAGS] [--] PROGRAM [ARGS...]\n"
+               "Runs PROGRAM with its C runtime heap in mnemosyne's memory (mnemosyne.dll,\n"
+               "loaded before PROGRAM's code runs; its child processes get it too).\n"
+               "FLAGS (each sets the MNEMOSYNE_* variable named):\n");
+  for (const auto& flag : mnemosyne::cli::run_flags()) {
+    std::fprintf(to, "  %s%s%s  (%s)\n", flag.name.c_str(), flag.metavar.empty() ? "" : "=",
+                 flag.metavar.c_str(), flag.env.c_str());
+  }
+  return to == stdout ? 0 : 2;
+}
+
+int fail(int code, const std::string& line) {
+  std::fprintf(stderr, "mnemosyne-inject: %s\n", line.c_str());
+  return code;
+}
+
+}  // namespace
+
+int wmain(int argc, wchar_t** argv) {
+  int i = 1;
+  for (; i < argc; ++i) {
+    std::string arg = narrow(argv[i]);
+    if (arg == "--") {
+      ++i;
+      break;
+    }
+    if (arg == "--help" || arg == "-h") return usage(stdout);
+    if (arg.rfind("--", 0) != 0) break;
+    const std::size_t eq = arg.find('=');
+    const std::string name = arg.substr(0, eq);
+    const mnemosyne::cli::Flag* flag = mnemosyne::cli::find_flag(name);
+    if (flag == nullptr) return fail(2, "unknown flag " + name + " (--help lists them)");
+    std::string value;
+    if (eq != std::string::npos) {
+      value = arg.substr(eq + 1);
+    } else if (flag->metavar.empty()) {
+      value = "1";
+    } else if (i + 1 < argc) {
+      value = narrow(argv[++i]);
+    } else {
+      return fail(2, name + " needs a value: " + flag->syntax);
+    }
+    std::string exported, why;
+    if (!mnemosyne::cli::check_flag_value(*flag, value, &exported, &why)) return fail(2, why);
+    SetEnvironmentVariableA(flag->env.c_str(), exported.c_str());
+  }
+  if (i >= argc) return usage(stderr);
+
+  wchar_t self[MAX_PATH * 2];
+  const DWORD len = GetModuleFileNameW(nullptr, self, MAX_PATH * 2);
+  std::wstring dll(self, len);
+  dll = dll.substr(0, dll.find_last_of(L"\\/") + 1) + L"mnemosyne.dll";
+  if (GetFileAttributesW(dll.c_str()) == INVALID_FILE_ATTRIBUTES) {
+    return fail(126, "mnemosyne.dll not found next to the injector (" + narrow(dll.c_str()) + ")");
+  }
+
+  std::wstring cmd;
+  for (int k = i; k < argc; ++k) append_quoted(cmd, argv[k]);
+  const std::string program = narrow(argv[i]);
+  DWORD type = 0;
+  if (GetBinaryTypeW(argv[i], &type) && type == SCS_32BIT_BINARY) {
+    return fail(126, program + " is a 32-bit program; mnemosyne.dll is 64-bit");
+  }
+
+  STARTUPINFOW si{};
+  si.cb = sizeof si;
+  si.dwFlags = STARTF_USESTDHANDLES;  // without it the child's output vanishes under wine
+  si.hStdInput = GetStdHandle(STD_INPUT_HANDLE);
+  si.hStdOutput = GetStdHandle(STD_OUTPUT_HANDLE);
+  si.hStdError = GetStdHandle(STD_ERROR_HANDLE);
+  PROCESS_INFORMATION pi{};
+  std::vector<wchar_t> line(cmd.begin(), cmd.end());
+  line.push_back(L'\0');
+  if (!CreateProcessW(nullptr, line.data(), nullptr, nullptr, TRUE, CREATE_SUSPENDED, nullptr,
+                      nullptr, &si, &pi)) {
+    return fail(127, "cannot start " + program + ": error " + std::to_string(GetLastError()));
+  }
+  char why[512];
+  if (!mnemosyne::win::inject_dll(pi.hProcess, dll.c_str(), why, sizeof why)) {
+    TerminateProcess(pi.hProcess, 126);
+    return fail(126, "cannot load mnemosyne.dll into " + program + ": " + why);
+  }
+  ResumeThread(pi.hThread);
+  CloseHandle(pi.hThread);
+  WaitForSingleObject(pi.hProcess, INFINITE);
+  DWORD code = 1;
+  GetExitCodeProcess(pi.hProcess, &code);
+  CloseHandle(pi.hProcess);
+  return static_cast<int>(code);
+}

@@ -1,0 +1,196 @@
+// Start-up: DllMain patches the import tables at once (the runtimes'
+// functions keep serving from their own heaps meanwhile), and the first heap
+// call made outside the loader lock starts mnemosyne: options, driver, arena.
+// Not from DllMain itself: cuInit runs on a worker thread (crash_guard),
+// which cannot begin while DllMain holds the loader lock.
+#include "start.hpp"
+
+#include <windows.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+
+#include "arena/arena.hpp"
+#include "backend/loader.hpp"
+#include "crt.hpp"
+#include "mode.hpp"
+#include "patch.hpp"
+#include "peb.hpp"
+#include "platform/platform.hpp"
+#include "stats_report.hpp"
+
+namespace mnemosyne::win {
+
+void* host_heap_malloc(std::size_t size);
+void* host_heap_memalign(std::size_t alignment, std::size_t size);
+void host_heap_free(void* p);
+
+namespace {
+
+constinit config::Options g_options{};
+constinit wchar_t g_self_path[MAX_PATH * 2] = {};
+constinit std::atomic<int> g_start{0};  // 0 not started, 1 starting, 2 done
+constinit std::atomic<bool> g_disabled{false};
+
+// The environment as envp, without allocating: pointers into the block
+// GetEnvironmentStringsA returns (kept for the process's life).
+constexpr int kMaxEnv = 4096;
+constinit char* g_envp[kMaxEnv + 1] = {};
+
+char* const* environment() noexcept {
+  char* block = GetEnvironmentStringsA();
+  int n = 0;
+  for (char* p = block; p != nullptr && *p != '\0' && n < kMaxEnv; p += std::strlen(p) + 1) {
+    g_envp[n++] = p;
+  }
+  g_envp[n] = nullptr;
+  return g_envp;
+}
+
+using LockedFn = BOOLEAN(NTAPI*)(PRTL_CRITICAL_SECTION);
+
+// True while this thread holds the loader lock (in DllMain, a TLS callback
+// or a DLL notification): PEB.LoaderLock, asked of ntdll.
+bool loader_lock_held() noexcept {
+  static const LockedFn locked = reinterpret_cast<LockedFn>(reinterpret_cast<void*>(
+      GetProcAddress(GetModuleHandleA("ntdll.dll"), "RtlIsCriticalSectionLockedByThread")));
+  RTL_CRITICAL_SECTION* lock = loader_lock();
+  if (lock == nullptr) return false;
+  if (locked != nullptr) return locked(lock) != 0;
+  return reinterpret_cast<DWORD_PTR>(lock->OwningThread) == GetCurrentThreadId();
+}
+
+int choose_device(const config::Options& o) noexcept {
+  if (!o.device_local_rank) return o.device;
+  if (!is_cuda_backend(o.backend) || o.local_rank < 0 || driver_api() == nullptr) return 0;
+  const int count = driver_info().device_count;
+  return count > 0 ? o.local_rank % count : 0;
+}
+
+void print_verbose(const config::Options& o, const arena::StartReport& report,
+                   int device) noexcept {
+  char line[1024];
+  std::snprintf(line, sizeof line, "mnemosyne: version %s, pid %ld (Windows DLL)",
+                MNEMOSYNE_VERSION, Os::process_id());
+  warn_line(line);
+  std::snprintf(line, sizeof line,
+                "mnemosyne: BACKEND=%s DEVICE=%d SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu "
+                "FALLBACK=%s SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s",
+                backend_name(o.backend), device, o.size_min, o.size_max,
+                o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
+                o.fallback == config::Fallback::fail ? "fail" : "host", o.show_stats ? 1 : 0,
+                o.stats_file[0] ? o.stats_file : "(none)",
+                o.cuda_driver[0] ? o.cuda_driver : "(default search)");
+  warn_line(line);
+  const DriverState state = driver_state();
+  if (state == DriverState::ready) {
+    const DriverInfo& info = driver_info();
+    std::snprintf(line, sizeof line, "mnemosyne: driver %.300s, CUDA %d.%d, %d device(s)",
+                  info.path, info.version / 1000, (info.version % 1000) / 10, info.device_count);
+  } else if (state == DriverState::unavailable) {
+    std::snprintf(line, sizeof line, "mnemosyne: driver unavailable: %.700s", driver_info().reason);
+  } else {
+    std::snprintf(line, sizeof line, "mnemosyne: driver not loaded (the %s backend needs none)",
+                  backend_name(o.backend));
+  }
+  warn_line(line);
+  std::snprintf(line, sizeof line, "mnemosyne: heap on %s%s%.300s", backend_name(report.active),
+                report.reason[0] ? ": " : "", report.reason);
+  warn_line(line);
+}
+
+void start() noexcept {
+  config::Options& o = g_options;
+  config::read_options(environment(), false, &o, &warn_line);
+  if (o.disable) {
+    g_disabled.store(true);
+    if (o.verbose) warn_line("mnemosyne: DISABLE is set: the C runtime serves this process");
+    return;
+  }
+  set_driver_path(o.cuda_driver);
+  const int device = choose_device(o);
+  set_device_ordinal(device);
+
+  arena::Config cfg;
+  cfg.backend = o.backend;
+  cfg.first_segment = o.arena_size;
+  cfg.limit = o.limit;
+  cfg.fallback =
+      o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
+  cfg.host = arena::HostHeap{&host_heap_malloc, &host_heap_memalign, &host_heap_free};
+  cfg.warn = &warn_line;
+
+  arena::StartReport report;
+  char line[1200];
+  if (!arena::start(cfg, &report)) {
+    std::snprintf(line, sizeof line,
+                  "mnemosyne: no memory for the heap (%.300s); the C runtime serves this process",
+                  report.reason);
+    warn_line(line);
+    return;
+  }
+  if (report.reason[0] != '\0') {
+    std::snprintf(line, sizeof line, "mnemosyne: the %s backend is unavailable (%.700s); %s",
+                  backend_name(report.requested), report.reason,
+                  report.active == BackendId::host ? "the heap uses host memory"
+                                                   : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
+    warn_line(line);
+  }
+  if (o.verbose) print_verbose(o, report, device);
+
+  g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
+  g_policy.routing = o.size_routing;
+  g_policy.size_min = o.size_min;
+  g_policy.size_max = o.size_max;
+  if (g_policy.counting) install_exit_report();
+  g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
+               std::memory_order_release);
+}
+
+}  // namespace
+
+Mode start_if_possible() noexcept {
+  if (g_start.load(std::memory_order_acquire) != 0 || loader_lock_held()) return current_mode();
+  int expected = 0;
+  if (!g_start.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+    return current_mode();  // another thread is starting: the runtime serves meanwhile
+  }
+  start();
+  g_start.store(2, std::memory_order_release);
+  return current_mode();
+}
+
+void attach(void* self) noexcept {
+  GetModuleFileNameW(static_cast<HMODULE>(self), g_self_path,
+                     sizeof g_self_path / sizeof g_self_path[0]);
+  // Never unloaded: patched tables point into this DLL until the process ends.
+  HMODULE pinned = nullptr;
+  GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_PIN | GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS,
+                     reinterpret_cast<LPCWSTR>(&attach), &pinned);
+  patch_process(self);
+}
+
+const config::Options& start_options() noexcept {
+  return g_options;
+}
+
+void warn_line(const char* line) noexcept {
+  char buf[1024];
+  const int n = std::snprintf(buf, sizeof buf, "%s\n", line);
+  if (n <= 0) return;
+  const DWORD len =
+      static_cast<DWORD>(static_cast<std::size_t>(n) < sizeof buf ? n : sizeof buf - 1);
+  DWORD written = 0;
+  WriteFile(GetStdHandle(STD_ERROR_HANDLE), buf, len, &written, nullptr);
+}
+
+const wchar_t* self_path() noexcept {
+  return g_self_path;
+}
+
+bool inject_children() noexcept {
+  return !g_disabled.load(std::memory_order_relaxed);
+}
+
+}  // namespace mnemosyne::win

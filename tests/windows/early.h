@@ -1,0 +1,6 @@
+// early.dll: allocates in its DllMain, before an injected DLL arrives.
+#pragma once
+
+#include <cstddef>
+
+extern "C" __declspec(dllimport) void* early_block(int index);

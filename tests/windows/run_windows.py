@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""Windows end-to-end tests, under wine (headless, a fresh WINEPREFIX).
+
+Each case runs the unmodified harness (harness.cpp) under mnemosyne-inject.exe
+and checks what a user would: its output and exit code are those of a normal
+run, every block it printed lies in memory the test-double driver handed out
+(fakecuda.dll's log), its child process is served too, and errors are one
+clear line. Run by `meson test --suite windows` in a mingw-w64 build.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+BLOCK = re.compile(r"^block (\S+) ([0-9A-Fa-fx]+) (\d+)$")
+ALLOC = re.compile(r"^(\d+) alloc kind=(\w+) ptr=0x([0-9a-f]+) size=(\d+)")
+
+results = []
+
+
+def winpath(path):
+    """A Unix path as wine's Z: drive names it."""
+    return "Z:" + os.path.abspath(path).replace("/", "\\")
+
+
+class Wine:
+    def __init__(self, work):
+        self.work = work
+        self.env = dict(os.environ)
+        self.env.update({"WINEDEBUG": "-all", "WINEPREFIX": os.path.join(work, "prefix"),
+                         "WINEDLLOVERRIDES": "mscoree,mshtml=", "DISPLAY": ""})
+        for k in list(self.env):
+            if k.upper().startswith("MNEMOSYNE_") or k.startswith("FAKECUDA_"):
+                del self.env[k]
+        start = time.monotonic()
+        subprocess.run(["wineboot", "-i"], env=self.env, capture_output=True, timeout=300)
+        print(f"# fresh WINEPREFIX in {time.monotonic() - start:.1f} s", flush=True)
+
+    def run(self, argv, extra_env=None, timeout=180):
+        env = dict(self.env)
+        env.update(extra_env or {})
+        p = subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
+        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+
+
+def driver_allocations(log_path):
+    """{pid: [(start, end, kind)]} from fakecuda's log."""
+    out = {}
+    if not os.path.exists(log_path):
+        return out
+    with open(log_path) as f:
+        for line in f:
+            m = ALLOC.match(line)
+            if m:
+                start = int(m.group(3), 16)
+                out.setdefault(int(m.group(1)), []).append(
+                    (start, start + int(m.group(4)), m.group(2)))
+    return out
+
+
+def blocks(stdout):
+    found = []
+    for line in stdout.splitlines():
+        m = BLOCK.match(line.strip())
+        if m:
+            found.append((m.group(1), int(m.group(2), 16), int(m.group(3))))
+    return found
+
+
+def inside(ranges, ptr, size):
+    return any(start <= ptr and ptr + size <= end for ranges_ in ranges.values()
+               for start, end, _ in ranges_)
+
+
+def record(name, ok, detail=""):
+    results.append((name, ok))
+    print(f"{'ok' if ok else 'FAIL'} {name}{': ' + detail if detail and not ok else ''}",
+          flush=True)
+
+
+def case_injected(wine, a, name, backend, kind):
+    log = os.path.join(wine.work, f"{name}.log")
+    env = {"FAKECUDA_LOG": winpath(log)}
+    rc, out, err = wine.run([a.injector, f"--backend={backend}",
+                             f"--cuda-driver={winpath(a.driver)}", "--", a.harness], env)
+    problems = []
+    if rc != 0 or "harness: ok" not in out:
+        problems.append(f"rc={rc}, failures: {[l for l in out.splitlines() if 'FAILED' in l]}")
+    if err.strip():
+        problems.append(f"stderr not empty: {err.strip()[:300]}")
+    found = blocks(out)
+    names = {b[0] for b in found}
+    for want in ["malloc", "calloc", "realloc", "aligned_malloc", "aligned_offset_malloc",
+                 "strdup", "wcsdup", "malloc_large", "new", "vector", "string", "new_aligned",
+                 "thread", "late_dll", "getprocaddress", "early_realloc", "child_malloc",
+                 "child_new"]:
+        if want not in names:
+            problems.append(f"no block {want} printed")
+    ranges = driver_allocations(log)
+    kinds = {k for r in ranges.values() for _, _, k in r}
+    if kind not in kinds:
+        problems.append(f"the driver served no {kind} memory (log kinds {sorted(kinds)})")
+    outside = [f"{n}@{p:#x}" for n, p, s in found if not inside(ranges, p, s)]
+    if outside:
+        problems.append(f"blocks outside driver memory: {outside[:8]}")
+    pids = {pid for pid, r in ranges.items() if r}
+    if len(pids) < 2:
+        problems.append(f"driver memory in {len(pids)} process(es); the child was not served")
+    record(name, not problems, "; ".join(problems))
+
+
+def case_host(wine, a):
+    log = os.path.join(wine.work, "host.log")
+    rc, out, err = wine.run([a.injector, "--backend=host", "--verbose",
+                             f"--cuda-driver={winpath(a.driver)}", "--", a.harness],
+                            {"FAKECUDA_LOG": winpath(log)})
+    problems = []
+    if rc != 0 or "harness: ok" not in out:
+        problems.append(f"rc={rc}")
+    if "mnemosyne: heap on host" not in err:
+        problems.append(f"no 'heap on host' line in stderr: {err[:300]}")
+    if driver_allocations(log):
+        problems.append("the host backend called the driver")
+    record("host-backend", not problems, "; ".join(problems))
+
+
+def case_init_crash(wine, a):
+    rc, out, err = wine.run([a.injector, "--backend=unified",
+                             f"--cuda-driver={winpath(a.driver)}", "--", a.harness],
+                            {"FAKECUDA_INIT_CRASH": "1"})
+    problems = []
+    if rc != 0 or "harness: ok" not in out:
+        problems.append(f"rc={rc}")
+    want = "cuInit(0) crashed inside the driver (exception 0xc0000005, access violation)"
+    if want not in err or "the heap uses host memory" not in err:
+        problems.append(f"stderr: {err.strip()[:400]}")
+    # one line per process (harness and its child)
+    lines = [l for l in err.splitlines() if l.strip()]
+    if len(lines) != 2:
+        problems.append(f"{len(lines)} stderr lines, expected one per process")
+    record("cuinit-crash", not problems, "; ".join(problems))
+
+
+def case_bad_options(wine, a):
+    rc, out, err = wine.run([a.injector, "--", a.harness],
+                            {"MNEMOSYNE_BAKEND": "host", "MNEMOSYNE_LIMIT": "12Q",
+                             "MNEMOSYNE_BACKEND": "host"})
+    problems = []
+    if rc != 0 or "harness: ok" not in out:
+        problems.append(f"rc={rc}")
+    for want in ["unknown option MNEMOSYNE_BAKEND=host", "MNEMOSYNE_LIMIT=12Q is not a size"]:
+        if want not in err:
+            problems.append(f"no warning '{want}' in: {err[:300]}")
+    record("bad-options", not problems, "; ".join(problems))
+
+
+def case_disable(wine, a):
+    log = os.path.join(wine.work, "disable.log")
+    rc, out, err = wine.run([a.injector, "--disable", f"--cuda-driver={winpath(a.driver)}",
+                             "--", a.harness], {"FAKECUDA_LOG": winpath(log)})
+    ok = rc == 0 and "harness: ok" in out and not driver_allocations(log) and not err.strip()
+    record("disable", ok, f"rc={rc} err={err[:200]}")
+
+
+def case_stats(wine, a):
+    path = os.path.join(wine.work, "stats-%p.json")
+    rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
+                             f"--stats-file={winpath(path)}", "--", a.harness])
+    problems = []
+    if rc != 0 or "harness: ok" not in out:
+        problems.append(f"rc={rc}")
+    files = [f for f in os.listdir(wine.work) if f.startswith("stats-") and f.endswith(".json")]
+    if len(files) != 2:
+        problems.append(f"{len(files)} stats files (harness and child expected): {files}")
+    for f in files:
+        try:
+            with open(os.path.join(wine.work, f)) as fh:
+                doc = json.load(fh)
+            text = json.dumps(doc)
+            if doc.get("schema") != "mnemosyne-stats/1" or '"allocations": 0' in text.split(
+                    '"unified"')[-1][:200]:
+                problems.append(f"{f}: unexpected content {text[:200]}")
+        except (OSError, ValueError) as e:
+            problems.append(f"{f}: {e}")
+    record("stats-file", not problems, "; ".join(problems))
+
+
+def case_injector_errors(wine, a):
+    problems = []
+    rc, _, err = wine.run([a.injector, "--bogus", "--", a.harness])
+    if rc != 2 or "unknown flag --bogus" not in err:
+        problems.append(f"unknown flag: rc={rc} {err.strip()[:200]}")
+    rc, _, err = wine.run([a.injector, "--backend=nonesuch", "--", a.harness])
+    if rc != 2 or "nonesuch" not in err:
+        problems.append(f"bad backend: rc={rc} {err.strip()[:200]}")
+    rc, _, err = wine.run([a.injector, "--", winpath(os.path.join(wine.work, "missing.exe"))])
+    if rc != 127 or "cannot start" not in err:
+        problems.append(f"missing program: rc={rc} {err.strip()[:200]}")
+    lonely = os.path.join(wine.work, "lonely")
+    os.makedirs(lonely, exist_ok=True)
+    shutil.copy(a.injector, lonely)
+    rc, _, err = wine.run([os.path.join(lonely, os.path.basename(a.injector)), "--", a.harness])
+    if rc != 126 or "mnemosyne.dll not found" not in err:
+        problems.append(f"missing DLL: rc={rc} {err.strip()[:200]}")
+    record("injector-errors", not problems, "; ".join(problems))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for opt in ["build", "dll", "injector", "driver", "harness"]:
+        ap.add_argument("--" + opt, required=True)
+    ap.add_argument("--only", default="")
+    a = ap.parse_args()
+    if shutil.which("wine") is None:
+        print("wine is not installed (scripts/setup.sh installs it)")
+        return 1
+    work = tempfile.mkdtemp(prefix="mnemosyne-wine-")
+    try:
+        wine = Wine(work)
+        cases = [
+            ("unified", lambda: case_injected(wine, a, "inject-unified", "unified", "managed")),
+            ("pinned", lambda: case_injected(wine, a, "inject-pinned", "pinned", "host")),
+            ("device", lambda: case_injected(wine, a, "inject-device", "device", "managed")),
+            ("host", lambda: case_host(wine, a)),
+            ("crash", lambda: case_init_crash(wine, a)),
+            ("options", lambda: case_bad_options(wine, a)),
+            ("disable", lambda: case_disable(wine, a)),
+            ("stats", lambda: case_stats(wine, a)),
+            ("errors", lambda: case_injector_errors(wine, a)),
+        ]
+        for key, fn in cases:
+            if not a.only or key in a.only.split(","):
+                fn()
+    finally:
+        subprocess.run(["wineserver", "-k"], env={**os.environ, "WINEPREFIX":
+                                                  os.path.join(work, "prefix")},
+                       capture_output=True)
+        shutil.rmtree(work, ignore_errors=True)
+    failed = [n for n, ok in results if not ok]
+    print(f"# {len(results) - len(failed)} passed, {len(failed)} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
