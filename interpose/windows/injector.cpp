@@ -3,6 +3,7 @@
 // its stdio inherited, and returns its exit code. FLAGS are those of
 // `mnemosyne run` on Linux (src/cli/flags.cpp: one per MNEMOSYNE_* option);
 // each sets its variable, which PROGRAM and its children inherit.
+// --inject= chooses how the DLL gets in (inject.hpp).
 #include <windows.h>
 
 #include <cstdio>
@@ -51,6 +52,9 @@ int usage(FILE* to) {
                "usage: mnemosyne-inject [FLAGS] [--] PROGRAM [ARGS...]\n"
                "Runs PROGRAM with its C runtime heap in mnemosyne's memory (mnemosyne.dll,\n"
                "loaded before PROGRAM's code runs; its child processes get it too).\n"
+               "  --inject=imports|thread|auto  how: the DLL added to PROGRAM's import table\n"
+               "      before it runs (Detours' method), a remote LoadLibraryW thread, or the\n"
+               "      first and then the second (auto, the default)\n"
                "FLAGS (each sets the MNEMOSYNE_* variable named):\n");
   for (const auto& flag : mnemosyne::cli::run_flags()) {
     std::fprintf(to, "  %s%s%s  (%s)\n", flag.name.c_str(), flag.metavar.empty() ? "" : "=",
@@ -67,6 +71,7 @@ int fail(int code, const std::string& line) {
 }  // namespace
 
 int wmain(int argc, wchar_t** argv) {
+  auto method = mnemosyne::win::Method::automatic;
   int i = 1;
   for (; i < argc; ++i) {
     std::string arg = narrow(argv[i]);
@@ -75,6 +80,19 @@ int wmain(int argc, wchar_t** argv) {
       break;
     }
     if (arg == "--help" || arg == "-h") return usage(stdout);
+    if (arg.rfind("--inject=", 0) == 0) {
+      const std::string how = arg.substr(9);
+      if (how == "imports") {
+        method = mnemosyne::win::Method::imports;
+      } else if (how == "thread") {
+        method = mnemosyne::win::Method::thread;
+      } else if (how == "auto") {
+        method = mnemosyne::win::Method::automatic;
+      } else {
+        return fail(2, "--inject=" + how + ": give imports, thread or auto");
+      }
+      continue;
+    }
     if (arg.rfind("--", 0) != 0) break;
     const std::size_t eq = arg.find('=');
     const std::string name = arg.substr(0, eq);
@@ -126,7 +144,7 @@ int wmain(int argc, wchar_t** argv) {
     return fail(127, "cannot start " + program + ": error " + std::to_string(GetLastError()));
   }
   char why[512];
-  if (!mnemosyne::win::inject_dll(pi.hProcess, dll.c_str(), why, sizeof why)) {
+  if (!mnemosyne::win::inject_dll(pi.hProcess, dll.c_str(), method, why, sizeof why)) {
     TerminateProcess(pi.hProcess, 126);
     return fail(126, "cannot load mnemosyne.dll into " + program + ": " + why);
   }

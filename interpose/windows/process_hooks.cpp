@@ -41,7 +41,7 @@ FARPROC WINAPI hooked_get_proc_address(HMODULE module, LPCSTR name) {
 // injected still runs, after one line on stderr.
 void inject_child(const PROCESS_INFORMATION* pi, DWORD flags) noexcept {
   char why[512];
-  if (!inject_dll(pi->hProcess, self_path(), why, sizeof why)) {
+  if (!inject_dll(pi->hProcess, self_path(), Method::automatic, why, sizeof why)) {
     char line[700];
     std::snprintf(line, sizeof line, "mnemosyne: child process %lu runs without mnemosyne: %s",
                   static_cast<unsigned long>(pi->dwProcessId), why);

@@ -14,6 +14,7 @@
 #include "arena/arena.hpp"
 #include "backend/loader.hpp"
 #include "crt.hpp"
+#include "inject.hpp"
 #include "mode.hpp"
 #include "patch.hpp"
 #include "peb.hpp"
@@ -168,6 +169,9 @@ void attach(void* self) noexcept {
   HMODULE pinned = nullptr;
   GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_PIN | GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS,
                      reinterpret_cast<LPCWSTR>(&attach), &pinned);
+  // Loaded through an import table inject_dll rewrote: the image gets its
+  // own back before anything walks it (patch_process does).
+  restore_import_directory();
   patch_process(self);
 }
 

@@ -13,6 +13,7 @@
 #include <cstdio>
 
 #include "backend/crash_guard.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -80,6 +81,16 @@ const char* exception_name(DWORD code) noexcept {
   }
 }
 
+// kGuardTimeoutMs, or MNEMOSYNE_TEST_DRIVER_TIMEOUT_MS (tests/windows: a
+// test of the timeout should not wait a minute).
+DWORD guard_timeout_ms() noexcept {
+  const char* text = Os::secure_env("MNEMOSYNE_TEST_DRIVER_TIMEOUT_MS");
+  if (text == nullptr || *text == '\0') return kGuardTimeoutMs;
+  DWORD ms = 0;
+  for (; *text >= '0' && *text <= '9' && ms < 10000000; ++text) ms = ms * 10 + (*text - '0');
+  return *text == '\0' && ms > 0 ? ms : kGuardTimeoutMs;
+}
+
 }  // namespace
 
 bool call_guarded(void (*fn)(void*), void* arg, char* what, std::size_t len) noexcept {
@@ -96,11 +107,12 @@ bool call_guarded(void (*fn)(void*), void* arg, char* what, std::size_t len) noe
   }
   g_call.thread_id.store(id, std::memory_order_release);
   ResumeThread(thread);
-  const DWORD waited = WaitForSingleObject(thread, kGuardTimeoutMs);
+  const DWORD timeout_ms = guard_timeout_ms();
+  const DWORD waited = WaitForSingleObject(thread, timeout_ms);
   CloseHandle(thread);
   if (waited != WAIT_OBJECT_0) {
     // Left running: the handler stays, in case it crashes later.
-    std::snprintf(what, len, "gave no answer within %u s", kGuardTimeoutMs / 1000);
+    std::snprintf(what, len, "gave no answer within %.1f s", timeout_ms / 1000.0);
     return false;
   }
   if (handler != nullptr) RemoveVectoredExceptionHandler(handler);

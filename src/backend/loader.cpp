@@ -185,7 +185,9 @@ DriverState load() noexcept {
   if (!resolve_all(resolver)) return DriverState::unavailable;
 
   // A driver that crashes in cuInit must not take the process with it.
-  InitCall call{g_api.cuInit, CUDA_ERROR_UNKNOWN};
+  // Static: on Windows a cuInit that timed out still returns into it later.
+  static constinit InitCall call{nullptr, CUDA_ERROR_UNKNOWN};
+  call = InitCall{g_api.cuInit, CUDA_ERROR_UNKNOWN};
   char what[160];
   if (!call_guarded(
           [](void* arg) {

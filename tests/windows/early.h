@@ -4,3 +4,4 @@
 #include <cstddef>
 
 extern "C" __declspec(dllimport) void* early_block(int index);
+extern "C" __declspec(dllimport) void early_keep(void* block);

@@ -12,7 +12,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "early.h"
@@ -67,6 +66,16 @@ void c_heap() {
   std::free(m);
   std::free(c);
   std::free(r);
+#ifdef _UCRT
+  void* z = _recalloc(nullptr, 10, 10);
+  fill(z, 100, 5);
+  z = _recalloc(z, 100, 10);
+  bool tail_zero = same(z, 100, 5);
+  for (int i = 100; i < 1000; ++i) tail_zero = tail_zero && static_cast<char*>(z)[i] == 0;
+  check(tail_zero, "_recalloc keeps and zeroes");
+  show("recalloc", z, 1000);
+  std::free(z);
+#endif
   void* a = _aligned_malloc(1000, 256);
   show("aligned_malloc", a, 1000);
   check((reinterpret_cast<std::uintptr_t>(a) & 255) == 0, "_aligned_malloc aligns");
@@ -107,29 +116,43 @@ void cxx_heap() {
   delete wide;
 }
 
-// Threads allocate; the main thread frees what they allocated.
-void threads() {
-  constexpr int kThreads = 4, kBlocks = 2000;
-  std::vector<std::vector<void*>> made(kThreads);
-  std::vector<std::thread> pool;
-  for (int t = 0; t < kThreads; ++t) {
-    pool.emplace_back([&made, t] {
-      for (int i = 0; i < kBlocks; ++i) {
-        const std::size_t n = 8 + (i * 37) % 2000;
-        void* p = std::malloc(n);
-        fill(p, n < 16 ? n : 16, static_cast<unsigned>(t + i));
-        made[t].push_back(p);
-        if (i % 3 == 0) {
-          std::free(made[t].back());
-          made[t].pop_back();
-        }
-      }
-    });
+// Threads allocate; the main thread frees what they allocated. Win32
+// threads, as Windows programs start them (and the ucrt build has no
+// winpthreads).
+constexpr int kThreads = 4, kBlocks = 2000;
+std::vector<void*> g_made[kThreads];
+
+DWORD WINAPI allocate_some(void* arg) {
+  const auto t = static_cast<int>(reinterpret_cast<std::intptr_t>(arg));
+  for (int i = 0; i < kBlocks; ++i) {
+    const std::size_t n = 8 + (i * 37) % 2000;
+    void* p = std::malloc(n);
+    fill(p, n < 16 ? n : 16, static_cast<unsigned>(t + i));
+    g_made[t].push_back(p);
+    if (i % 3 == 0) {
+      std::free(g_made[t].back());
+      g_made[t].pop_back();
+    }
   }
-  for (auto& th : pool) th.join();
+  return 0;
+}
+
+void threads() {
+  HANDLE pool[kThreads];
   for (int t = 0; t < kThreads; ++t) {
-    show("thread", made[t].front(), 8);
-    for (void* p : made[t]) std::free(p);  // cross-thread frees
+    pool[t] = CreateThread(nullptr, 0, &allocate_some, reinterpret_cast<void*>(std::intptr_t{t}), 0,
+                           nullptr);
+  }
+  WaitForMultipleObjects(kThreads, pool, TRUE, INFINITE);
+  for (int t = 0; t < kThreads; ++t) {
+    CloseHandle(pool[t]);
+    show("thread", g_made[t].front(), 8);
+    bool intact = true;
+    for (std::size_t i = 0; i < g_made[t].size(); ++i) {
+      intact = intact && g_made[t][i] != nullptr;
+      std::free(g_made[t][i]);  // cross-thread frees
+    }
+    check(intact, "thread blocks");
   }
 }
 
@@ -171,6 +194,38 @@ void early_blocks() {
   std::free(early_block(2));
 }
 
+// The program's own import table, as tools that inspect it see it: the same
+// with and without injection (an injector that rewrote it puts it back).
+void own_imports() {
+  auto* base = reinterpret_cast<unsigned char*>(GetModuleHandleA(nullptr));
+  const auto* dos = reinterpret_cast<const IMAGE_DOS_HEADER*>(base);
+  const auto* nt = reinterpret_cast<const IMAGE_NT_HEADERS*>(base + dos->e_lfanew);
+  const IMAGE_DATA_DIRECTORY& dir = nt->OptionalHeader.DataDirectory[IMAGE_DIRECTORY_ENTRY_IMPORT];
+  std::string names;
+  for (auto* d = reinterpret_cast<const IMAGE_IMPORT_DESCRIPTOR*>(base + dir.VirtualAddress);
+       d->Name != 0; ++d) {
+    names += " ";
+    names += reinterpret_cast<const char*>(base + d->Name);
+  }
+  std::printf("imports%s\n", names.c_str());
+}
+
+// Frees at exit: from a static destructor, an atexit handler, and early.dll's
+// DLL_PROCESS_DETACH (after every DLL loaded later has detached).
+struct Leftovers {
+  void* block = nullptr;
+  ~Leftovers() { std::free(block); }
+} g_leftovers;
+void* g_at_exit = nullptr;
+
+void exit_frees() {
+  g_leftovers.block = std::malloc(1000);
+  g_at_exit = std::malloc(2000);
+  std::atexit([] { std::free(g_at_exit); });
+  for (int i = 0; i < 16; ++i) early_keep(std::malloc(100 + i * 1000));
+  early_keep(std::malloc(std::size_t{40} << 20));
+}
+
 int run_child(const char* self) {
   STARTUPINFOA si{};
   si.cb = sizeof si;
@@ -206,6 +261,8 @@ int main(int argc, char** argv) {
   threads();
   late_dll();
   early_blocks();
+  own_imports();
+  exit_frees();
   const int child = run_child(argv[0]);
   check(child == 0, "child exits 0");
   std::printf("%s %d\n", g_failures == 0 ? "harness: ok" : "harness: failures", g_failures);

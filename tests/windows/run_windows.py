@@ -83,22 +83,40 @@ def record(name, ok, detail=""):
           flush=True)
 
 
-def case_injected(wine, a, name, backend, kind):
+def plain_lines(stdout):
+    """What a run printed besides block addresses (which differ run to run)."""
+    return [l.strip() for l in stdout.splitlines() if l.strip() and not BLOCK.match(l.strip())]
+
+
+NATIVE = {}
+
+
+def native_run(wine, harness):
+    if harness not in NATIVE:
+        NATIVE[harness] = wine.run([harness])
+    return NATIVE[harness]
+
+
+def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=()):
     log = os.path.join(wine.work, f"{name}.log")
     env = {"FAKECUDA_LOG": winpath(log)}
-    rc, out, err = wine.run([a.injector, f"--backend={backend}",
-                             f"--cuda-driver={winpath(a.driver)}", "--", a.harness], env)
+    rc, out, err = wine.run([a.injector, f"--inject={method}", f"--backend={backend}",
+                             f"--cuda-driver={winpath(a.driver)}", "--", harness], env)
     problems = []
     if rc != 0 or "harness: ok" not in out:
         problems.append(f"rc={rc}, failures: {[l for l in out.splitlines() if 'FAILED' in l]}")
     if err.strip():
         problems.append(f"stderr not empty: {err.strip()[:300]}")
+    native_rc, native_out, _ = native_run(wine, harness)
+    if native_rc != 0 or plain_lines(out) != plain_lines(native_out):
+        problems.append(f"output differs from a run without mnemosyne: {plain_lines(out)} vs "
+                        f"{plain_lines(native_out)}")
     found = blocks(out)
     names = {b[0] for b in found}
     for want in ["malloc", "calloc", "realloc", "aligned_malloc", "aligned_offset_malloc",
                  "strdup", "wcsdup", "malloc_large", "new", "vector", "string", "new_aligned",
                  "thread", "late_dll", "getprocaddress", "early_realloc", "child_malloc",
-                 "child_new"]:
+                 "child_new", *extra]:
         if want not in names:
             problems.append(f"no block {want} printed")
     ranges = driver_allocations(log)
@@ -112,6 +130,32 @@ def case_injected(wine, a, name, backend, kind):
     if len(pids) < 2:
         problems.append(f"driver memory in {len(pids)} process(es); the child was not served")
     record(name, not problems, "; ".join(problems))
+
+
+def case_gtest(wine, a):
+    log = os.path.join(wine.work, "gtest.log")
+    rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
+                             "--", a.gtest_harness], {"FAKECUDA_LOG": winpath(log)})
+    problems = []
+    if rc != 0 or "[  PASSED  ] 4 tests." not in out or "FAILED" in out:
+        problems.append(f"rc={rc}: {out[-400:]}")
+    pids = {pid for pid, r in driver_allocations(log).items() if r}
+    if len(pids) < 3:  # the harness and one child per death test
+        problems.append(f"driver memory in {len(pids)} process(es), expected 3")
+    record("gtest-death-tests", not problems, "; ".join(problems))
+
+
+def case_timeout(wine, a):
+    rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
+                             "--", a.harness, "child"],
+                            {"FAKECUDA_INIT_DELAY_MS": "4000",
+                             "MNEMOSYNE_TEST_DRIVER_TIMEOUT_MS": "300"})
+    problems = []
+    if rc != 0 or "child_malloc" not in out:
+        problems.append(f"rc={rc}")
+    if "cuInit(0) gave no answer within 0.3 s" not in err or "uses host memory" not in err:
+        problems.append(f"stderr: {err.strip()[:300]}")
+    record("cuinit-timeout", not problems, "; ".join(problems))
 
 
 def case_host(wine, a):
@@ -212,7 +256,7 @@ def case_injector_errors(wine, a):
 
 def main():
     ap = argparse.ArgumentParser()
-    for opt in ["build", "dll", "injector", "driver", "harness"]:
+    for opt in ["build", "dll", "injector", "driver", "harness", "ucrt-harness", "gtest-harness"]:
         ap.add_argument("--" + opt, required=True)
     ap.add_argument("--only", default="")
     a = ap.parse_args()
@@ -223,9 +267,18 @@ def main():
     try:
         wine = Wine(work)
         cases = [
-            ("unified", lambda: case_injected(wine, a, "inject-unified", "unified", "managed")),
-            ("pinned", lambda: case_injected(wine, a, "inject-pinned", "pinned", "host")),
-            ("device", lambda: case_injected(wine, a, "inject-device", "device", "managed")),
+            ("unified", lambda: case_injected(wine, a, "inject-unified-imports", "unified",
+                                              "managed", a.harness, "imports")),
+            ("thread", lambda: case_injected(wine, a, "inject-unified-thread", "unified",
+                                             "managed", a.harness, "thread")),
+            ("pinned", lambda: case_injected(wine, a, "inject-pinned", "pinned", "host",
+                                             a.harness)),
+            ("device", lambda: case_injected(wine, a, "inject-device", "device", "managed",
+                                             a.harness)),
+            ("ucrt", lambda: case_injected(wine, a, "ucrt-unified", "unified", "managed",
+                                           a.ucrt_harness, "auto", ["recalloc"])),
+            ("gtest", lambda: case_gtest(wine, a)),
+            ("timeout", lambda: case_timeout(wine, a)),
             ("host", lambda: case_host(wine, a)),
             ("crash", lambda: case_init_crash(wine, a)),
             ("options", lambda: case_bad_options(wine, a)),
