@@ -4,6 +4,7 @@
 
 #include <cstdio>
 
+#include "backend/driver_call.hpp"
 #include "crt.hpp"
 #include "inject.hpp"
 #include "start.hpp"
@@ -15,6 +16,8 @@ using GetProcAddressFn = FARPROC(WINAPI*)(HMODULE, LPCSTR);
 using CreateProcessWFn = BOOL(WINAPI*)(LPCWSTR, LPWSTR, LPSECURITY_ATTRIBUTES,
                                        LPSECURITY_ATTRIBUTES, BOOL, DWORD, LPVOID, LPCWSTR,
                                        LPSTARTUPINFOW, LPPROCESS_INFORMATION);
+using CreateThreadFn = HANDLE(WINAPI*)(LPSECURITY_ATTRIBUTES, SIZE_T, LPTHREAD_START_ROUTINE,
+                                       LPVOID, DWORD, LPDWORD);
 using CreateProcessAFn = BOOL(WINAPI*)(LPCSTR, LPSTR, LPSECURITY_ATTRIBUTES, LPSECURITY_ATTRIBUTES,
                                        BOOL, DWORD, LPVOID, LPCSTR, LPSTARTUPINFOA,
                                        LPPROCESS_INFORMATION);
@@ -22,11 +25,13 @@ using CreateProcessAFn = BOOL(WINAPI*)(LPCSTR, LPSTR, LPSECURITY_ATTRIBUTES, LPS
 constinit GetProcAddressFn g_get_proc = nullptr;
 constinit CreateProcessWFn g_create_w = nullptr;
 constinit CreateProcessAFn g_create_a = nullptr;
+constinit CreateThreadFn g_create_thread = nullptr;
 
 // Each original as the process may see it: kernel32's export and, where it
 // differs, kernelbase's.
-constinit void* g_originals[6] = {};
-constinit void* g_ours[6] = {};
+constexpr int kHooks = 4;
+constinit void* g_originals[2 * kHooks] = {};
+constinit void* g_ours[2 * kHooks] = {};
 
 FARPROC WINAPI hooked_get_proc_address(HMODULE module, LPCSTR name) {
   FARPROC fn = g_get_proc(module, name);
@@ -76,6 +81,38 @@ BOOL WINAPI hooked_create_process_a(LPCSTR app, LPSTR cmd, LPSECURITY_ATTRIBUTES
   return TRUE;
 }
 
+// Threads the driver starts while mnemosyne is inside a driver call (cuInit
+// starts some; the C runtime's _beginthreadex and winpthreads end up here
+// too) are marked driver-owned, as on Linux (interpose/linux/
+// driver_threads.cpp): their mallocs may come from the arena but never make
+// it call the driver, since such a thread may hold the driver's lock.
+struct Start {
+  LPTHREAD_START_ROUTINE routine;
+  void* arg;
+};
+
+DWORD WINAPI driver_thread_main(void* raw) {
+  const Start start = *static_cast<Start*>(raw);
+  HeapFree(GetProcessHeap(), 0, raw);
+  mark_thread_as_driver_owned();
+  return start.routine(start.arg);
+}
+
+HANDLE WINAPI hooked_create_thread(LPSECURITY_ATTRIBUTES sa, SIZE_T stack,
+                                   LPTHREAD_START_ROUTINE routine, LPVOID arg, DWORD flags,
+                                   LPDWORD id) {
+  if (!in_driver_call()) return g_create_thread(sa, stack, routine, arg, flags, id);
+  auto* start = static_cast<Start*>(HeapAlloc(GetProcessHeap(), 0, sizeof(Start)));
+  if (start == nullptr) {
+    SetLastError(ERROR_NOT_ENOUGH_MEMORY);
+    return nullptr;
+  }
+  *start = Start{routine, arg};
+  HANDLE thread = g_create_thread(sa, stack, &driver_thread_main, start, flags, id);
+  if (thread == nullptr) HeapFree(GetProcessHeap(), 0, start);
+  return thread;
+}
+
 void* find(HMODULE module, const char* name) noexcept {
   return module != nullptr ? reinterpret_cast<void*>(GetProcAddress(module, name)) : nullptr;
 }
@@ -88,11 +125,14 @@ void resolve_process_hooks() noexcept {
   g_get_proc = reinterpret_cast<GetProcAddressFn>(find(k32, "GetProcAddress"));
   g_create_w = reinterpret_cast<CreateProcessWFn>(find(k32, "CreateProcessW"));
   g_create_a = reinterpret_cast<CreateProcessAFn>(find(k32, "CreateProcessA"));
-  const char* names[3] = {"GetProcAddress", "CreateProcessW", "CreateProcessA"};
-  void* ours[3] = {reinterpret_cast<void*>(&hooked_get_proc_address),
-                   reinterpret_cast<void*>(&hooked_create_process_w),
-                   reinterpret_cast<void*>(&hooked_create_process_a)};
-  for (int i = 0; i < 3; ++i) {
+  g_create_thread = reinterpret_cast<CreateThreadFn>(find(k32, "CreateThread"));
+  const char* names[kHooks] = {"GetProcAddress", "CreateProcessW", "CreateProcessA",
+                               "CreateThread"};
+  void* ours[kHooks] = {reinterpret_cast<void*>(&hooked_get_proc_address),
+                        reinterpret_cast<void*>(&hooked_create_process_w),
+                        reinterpret_cast<void*>(&hooked_create_process_a),
+                        reinterpret_cast<void*>(&hooked_create_thread)};
+  for (int i = 0; i < kHooks; ++i) {
     g_originals[2 * i] = find(k32, names[i]);
     g_originals[2 * i + 1] = find(kbase, names[i]);
     g_ours[2 * i] = g_ours[2 * i + 1] = ours[i];
@@ -101,7 +141,7 @@ void resolve_process_hooks() noexcept {
 
 void* process_replacement_for(const void* original) noexcept {
   if (original == nullptr) return nullptr;
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 2 * kHooks; ++i) {
     if (g_originals[i] == original) return g_ours[i];
   }
   return nullptr;

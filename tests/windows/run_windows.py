@@ -158,6 +158,47 @@ def case_timeout(wine, a):
     record("cuinit-timeout", not problems, "; ".join(problems))
 
 
+JSCRIPT = """var a = []; for (var i = 0; i < 60000; i++) a.push("item" + i * 7);
+var m = {}; for (var i = 0; i < 20000; i++) m["k" + i] = a[i * 3 % 60000];
+var s = a.slice(0, 5000).sort().join(",");
+WScript.Echo(a.length + " " + a.join(",").length + " " + m["k19999"] + " " + s.length);
+"""
+
+
+def case_real_program(wine, a, name, argv, extra_env=None, min_pids=1):
+    """An unmodified program that ships with wine (cmd.exe, cscript.exe):
+    the same output as without mnemosyne, and its heap in driver memory."""
+    log = os.path.join(wine.work, f"{name}.log")
+    stats = os.path.join(wine.work, f"{name}-%p.json")
+    env = {"FAKECUDA_LOG": winpath(log), **(extra_env or {})}
+    native_rc, native_out, native_err = wine.run(argv)
+    rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
+                             f"--stats-file={winpath(stats)}", "--"] + argv, env)
+    problems = []
+    if (rc, out) != (native_rc, native_out) or not out.strip():
+        problems.append(f"rc={rc} vs {native_rc}, output {out[:200]!r} vs {native_out[:200]!r}")
+    if err != native_err:
+        problems.append(f"stderr {err[:300]!r}")
+    allocs = driver_allocations(log)
+    if len([p for p, r in allocs.items() if r]) < min_pids:
+        problems.append(f"driver memory in {len(allocs)} process(es), expected {min_pids}")
+    with open(log) as f:
+        if "deadlock" in f.read():
+            problems.append("the driver deadlocked on itself")
+    served = 0
+    for f in os.listdir(wine.work):
+        if f.startswith(name + "-") and f.endswith(".json"):
+            with open(os.path.join(wine.work, f)) as fh:
+                doc = json.load(fh)
+            served += doc.get("pools", {}).get("unified", {}).get("allocations", 0)
+            if extra_env and "FAKECUDA_THREAD_ITERS" in extra_env and \
+                    doc.get("driver_allocations", 0) == 0:
+                problems.append("no driver-thread allocation needed new memory: proved nothing")
+    if served == 0:
+        problems.append("no allocation was served by the unified pool (statistics)")
+    record(name, not problems, "; ".join(problems))
+
+
 def case_host(wine, a):
     log = os.path.join(wine.work, "host.log")
     rc, out, err = wine.run([a.injector, "--backend=host", "--verbose",
@@ -266,6 +307,9 @@ def main():
     work = tempfile.mkdtemp(prefix="mnemosyne-wine-")
     try:
         wine = Wine(work)
+        js = os.path.join(work, "work.js")
+        with open(js, "w") as f:
+            f.write(JSCRIPT)
         cases = [
             ("unified", lambda: case_injected(wine, a, "inject-unified-imports", "unified",
                                               "managed", a.harness, "imports")),
@@ -279,6 +323,15 @@ def main():
                                            a.ucrt_harness, "auto", ["recalloc"])),
             ("gtest", lambda: case_gtest(wine, a)),
             ("timeout", lambda: case_timeout(wine, a)),
+            ("cmd", lambda: case_real_program(
+                wine, a, "cmd-nested",
+                ["cmd.exe", "/c", "for /L %i in (1,1,300) do @echo %i & cmd /c echo nested"],
+                min_pids=2)),
+            ("cscript", lambda: case_real_program(
+                wine, a, "cscript", ["cscript.exe", "//nologo", winpath(js)])),
+            ("driver-thread", lambda: case_real_program(
+                wine, a, "driver-thread", ["cscript.exe", "//nologo", winpath(js)],
+                {"FAKECUDA_THREAD_ALLOC_MAX": str(256 << 20), "FAKECUDA_THREAD_ITERS": "200"})),
             ("host", lambda: case_host(wine, a)),
             ("crash", lambda: case_init_crash(wine, a)),
             ("options", lambda: case_bad_options(wine, a)),
