@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The test command: set-up if needed, configure, build, run every test, then
-# the unit tests again under AddressSanitizer+UBSan and ThreadSanitizer, the
-# arena and backend tests under valgrind, the fuzzers for a bounded time, and
-# the README's install line on a fresh clone.
-# Usage: scripts/test.sh [--quick]   (--quick: only the release build's tests)
+# the Windows build (mingw-w64) and its tests under wine, the unit tests
+# again under AddressSanitizer+UBSan and ThreadSanitizer, the arena and
+# backend tests under valgrind, the fuzzers for a bounded time, and the
+# README's install line on a fresh clone.
+# Usage: scripts/test.sh [--quick | --windows]
+#   --quick: only the release build's tests; --windows: only the Windows job
 set -euo pipefail
 shopt -s extglob
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 quick=0
+windows_only=0
 [ "${1:-}" = "--quick" ] && quick=1
+[ "${1:-}" = "--windows" ] && windows_only=1
 
 scripts/setup.sh
 
@@ -47,6 +51,27 @@ PY
 }
 
 status=0
+windows_job() {
+  echo "== Windows: mnemosyne.dll and the injector (mingw-w64), tests under wine"
+  local start=$SECONDS
+  configure build-win --cross-file scripts/cross/mingw-w64.ini
+  ninja -C build-win
+  # A fresh WINEPREFIX for every run, made once here and shared by the tests
+  # (meson runs the double's self-test through wine with it too).
+  local prefix="$root/build-win/wine-e2e"
+  WINEPREFIX="$prefix" wineserver -k 2>/dev/null || true
+  rm -rf "$prefix"
+  WINEPREFIX="$prefix" WINEDEBUG=-all wineboot -i >/dev/null 2>&1 || true
+  WINEPREFIX="$prefix" WINEDEBUG=-all run_suite build-win --num-processes 2 || status=1
+  WINEPREFIX="$prefix" wineserver -k 2>/dev/null || true
+  echo "Windows job: $((SECONDS - start)) s"
+}
+if [ $windows_only -eq 1 ]; then
+  windows_job
+  echo "$passed passed, $failed failed"
+  exit $status
+fi
+
 echo "== format (clang-format, .clang-format)"
 if ! clang-format --dry-run --Werror $(git ls-files '*.cpp' '*.hpp' '*.h'); then
   echo "format: run clang-format -i on the files above"
@@ -57,6 +82,10 @@ configure build
 ninja -C build
 echo "== tests (release): unit and end-to-end"
 run_suite build --num-processes 2 || status=1
+
+if [ $quick -eq 0 ]; then
+  windows_job
+fi
 
 if [ $quick -eq 0 ]; then
   echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
