@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend_id.hpp"
 #include "cli/flags.hpp"
+#include "config/options.hpp"
 #include "inject.hpp"
 
 namespace {
@@ -113,6 +115,12 @@ int wmain(int argc, wchar_t** argv) {
     SetEnvironmentVariableA(flag->env.c_str(), exported.c_str());
   }
   if (i >= argc) return usage(stderr);
+  // Marks the tree: children whose creator replaces their environment are
+  // injected only when it still names a MNEMOSYNE_ option (process_hooks.cpp).
+  if (GetEnvironmentVariableA("MNEMOSYNE_BACKEND", nullptr, 0) == 0) {
+    SetEnvironmentVariableA("MNEMOSYNE_BACKEND",
+                            mnemosyne::backend_name(mnemosyne::config::Options{}.backend));
+  }
 
   wchar_t self[MAX_PATH * 2];
   const DWORD len = GetModuleFileNameW(nullptr, self, MAX_PATH * 2);

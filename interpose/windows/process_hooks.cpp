@@ -2,6 +2,7 @@
 
 #include <windows.h>
 
+#include <cstddef>
 #include <cstdio>
 
 #include "backend/driver_call.hpp"
@@ -55,10 +56,39 @@ void inject_child(const PROCESS_INFORMATION* pi, DWORD flags) noexcept {
   if ((flags & CREATE_SUSPENDED) == 0) ResumeThread(pi->hThread);
 }
 
+// A child whose environment its creator replaced is injected only when that
+// environment still names a MNEMOSYNE_ option, as on Linux a child whose
+// environment lost LD_PRELOAD runs without it. (The injector always exports
+// MNEMOSYNE_BACKEND, so a tree it started keeps the mark.)
+template <class Char>
+bool names_an_option(const Char* block) noexcept {
+  constexpr char kPrefix[] = "MNEMOSYNE_";
+  for (const Char* entry = block; *entry != 0;) {
+    std::size_t i = 0;
+    while (i < sizeof kPrefix - 1 && entry[i] != 0 &&
+           (entry[i] == kPrefix[i] || entry[i] == kPrefix[i] + ('a' - 'A'))) {
+      ++i;
+    }
+    if (i == sizeof kPrefix - 1) return true;
+    while (*entry != 0) ++entry;
+    ++entry;
+  }
+  return false;
+}
+
+bool wants_injection(const void* env, bool unicode) noexcept {
+  if (!inject_children()) return false;
+  if (env == nullptr) return true;  // inherits this process's environment
+  return unicode ? names_an_option(static_cast<const wchar_t*>(env))
+                 : names_an_option(static_cast<const char*>(env));
+}
+
 BOOL WINAPI hooked_create_process_w(LPCWSTR app, LPWSTR cmd, LPSECURITY_ATTRIBUTES pa,
                                     LPSECURITY_ATTRIBUTES ta, BOOL inherit, DWORD flags, LPVOID env,
                                     LPCWSTR dir, LPSTARTUPINFOW si, LPPROCESS_INFORMATION pi) {
-  if (!inject_children()) return g_create_w(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+  if (!wants_injection(env, (flags & CREATE_UNICODE_ENVIRONMENT) != 0)) {
+    return g_create_w(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+  }
   if (!g_create_w(app, cmd, pa, ta, inherit, flags | CREATE_SUSPENDED, env, dir, si, pi)) {
     return FALSE;
   }
@@ -71,7 +101,9 @@ BOOL WINAPI hooked_create_process_w(LPCWSTR app, LPWSTR cmd, LPSECURITY_ATTRIBUT
 BOOL WINAPI hooked_create_process_a(LPCSTR app, LPSTR cmd, LPSECURITY_ATTRIBUTES pa,
                                     LPSECURITY_ATTRIBUTES ta, BOOL inherit, DWORD flags, LPVOID env,
                                     LPCSTR dir, LPSTARTUPINFOA si, LPPROCESS_INFORMATION pi) {
-  if (!inject_children()) return g_create_a(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+  if (!wants_injection(env, (flags & CREATE_UNICODE_ENVIRONMENT) != 0)) {
+    return g_create_a(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+  }
   if (!g_create_a(app, cmd, pa, ta, inherit, flags | CREATE_SUSPENDED, env, dir, si, pi)) {
     return FALSE;
   }

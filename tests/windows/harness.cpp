@@ -3,8 +3,10 @@
 // check where each landed (tests/windows/run_windows.py). It checks its own
 // data, so a block that moved or was damaged fails the run.
 //
-//   harness.exe              every case below, then a child (harness.exe child)
-//   harness.exe child        a few blocks, printed with the prefix "child"
+//   harness.exe              every case below, then three children: one with
+//                            this environment, one with a copy given
+//                            explicitly, one with a fresh environment
+//   harness.exe child LABEL  a few blocks, printed with the prefix LABEL
 #include <malloc.h>
 #include <windows.h>
 
@@ -226,12 +228,15 @@ void exit_frees() {
   early_keep(std::malloc(std::size_t{40} << 20));
 }
 
-int run_child(const char* self) {
+// Starts "harness.exe child LABEL": with this process's environment, or
+// with the block `env` (an explicit environment, as env -i would give).
+int run_child(const char* self, const char* label, const char* env) {
   STARTUPINFOA si{};
   si.cb = sizeof si;
   PROCESS_INFORMATION pi{};
-  std::string cmd = std::string("\"") + self + "\" child";
-  if (!CreateProcessA(nullptr, cmd.data(), nullptr, nullptr, TRUE, 0, nullptr, nullptr, &si, &pi)) {
+  std::string cmd = std::string("\"") + self + "\" child " + label;
+  if (!CreateProcessA(nullptr, cmd.data(), nullptr, nullptr, TRUE, 0, const_cast<char*>(env),
+                      nullptr, &si, &pi)) {
     std::printf("FAILED CreateProcessA %lu\n", GetLastError());
     return 1;
   }
@@ -243,16 +248,36 @@ int run_child(const char* self) {
   return static_cast<int>(code);
 }
 
+int children(const char* self) {
+  int failures = run_child(self, "child", nullptr);
+  // A copy of this environment, given explicitly.
+  std::string copy;
+  char* block = GetEnvironmentStringsA();
+  for (const char* e = block; *e != '\0'; e += std::strlen(e) + 1) copy.append(e).push_back('\0');
+  FreeEnvironmentStringsA(block);
+  copy.push_back('\0');
+  failures += run_child(self, "envchild", copy.data());
+  // A fresh one with nothing but what Windows needs.
+  char system_root[MAX_PATH] = {};
+  GetEnvironmentVariableA("SystemRoot", system_root, sizeof system_root);
+  std::string fresh = std::string("SystemRoot=") + system_root;
+  fresh.push_back('\0');
+  fresh.push_back('\0');
+  failures += run_child(self, "cleanchild", fresh.data());
+  return failures;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IONBF, 0);  // the child's lines interleave whole
-  if (argc > 1 && std::strcmp(argv[1], "child") == 0) {
+  if (argc > 2 && std::strcmp(argv[1], "child") == 0) {
+    const std::string label = argv[2];
     void* p = std::malloc(321);
-    show("child_malloc", p, 321);
+    show((label + "_malloc").c_str(), p, 321);
     std::free(p);
     auto* v = new int[100];
-    show("child_new", v, 400);
+    show((label + "_new").c_str(), v, 400);
     delete[] v;
     return 0;
   }
@@ -263,8 +288,7 @@ int main(int argc, char** argv) {
   early_blocks();
   own_imports();
   exit_frees();
-  const int child = run_child(argv[0]);
-  check(child == 0, "child exits 0");
+  check(children(argv[0]) == 0, "children exit 0");
   std::printf("%s %d\n", g_failures == 0 ? "harness: ok" : "harness: failures", g_failures);
   return g_failures == 0 ? 0 : 1;
 }

@@ -118,19 +118,23 @@ def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=()
     for want in ["malloc", "calloc", "realloc", "aligned_malloc", "aligned_offset_malloc",
                  "strdup", "wcsdup", "malloc_large", "new", "vector", "string", "new_aligned",
                  "thread", "late_dll", "getprocaddress", "early_realloc", "child_malloc",
-                 "child_new", *extra]:
+                 "child_new", "envchild_malloc", "cleanchild_malloc", *extra]:
         if want not in names:
             problems.append(f"no block {want} printed")
     ranges = driver_allocations(log)
     kinds = {k for r in ranges.values() for _, _, k in r}
     if kind not in kinds:
         problems.append(f"the driver served no {kind} memory (log kinds {sorted(kinds)})")
-    outside = [f"{n}@{p:#x}" for n, p, s in found if not inside(ranges, p, s)]
+    # A child whose environment was replaced by one without MNEMOSYNE_
+    # variables runs without mnemosyne, as without LD_PRELOAD on Linux.
+    outside = [f"{n}@{p:#x}" for n, p, s in found
+               if not n.startswith("cleanchild") and not inside(ranges, p, s)]
     if outside:
         problems.append(f"blocks outside driver memory: {outside[:8]}")
     pids = {pid for pid, r in ranges.items() if r}
-    if len(pids) < 2:
-        problems.append(f"driver memory in {len(pids)} process(es); the child was not served")
+    if len(pids) != 3:
+        problems.append(f"driver memory in {len(pids)} process(es); expected the harness and "
+                        "two of its children")
     record(name, not problems, "; ".join(problems))
 
 
@@ -149,7 +153,7 @@ def case_gtest(wine, a):
 
 def case_timeout(wine, a):
     rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
-                             "--", a.harness, "child"],
+                             "--", a.harness, "child", "child"],
                             {"FAKECUDA_INIT_DELAY_MS": "4000",
                              "MNEMOSYNE_TEST_DRIVER_TIMEOUT_MS": "300"})
     problems = []
@@ -226,9 +230,9 @@ def case_init_crash(wine, a):
     want = "cuInit(0) crashed inside the driver (exception 0xc0000005, access violation)"
     if want not in err or "the heap uses host memory" not in err:
         problems.append(f"stderr: {err.strip()[:400]}")
-    # one line per process (harness and its child)
+    # one line per process (the harness and its two injected children)
     lines = [l for l in err.splitlines() if l.strip()]
-    if len(lines) != 2:
+    if len(lines) != 3:
         problems.append(f"{len(lines)} stderr lines, expected one per process")
     record("cuinit-crash", not problems, "; ".join(problems))
 
@@ -262,8 +266,9 @@ def case_stats(wine, a):
     if rc != 0 or "harness: ok" not in out:
         problems.append(f"rc={rc}")
     files = [f for f in os.listdir(wine.work) if f.startswith("stats-") and f.endswith(".json")]
-    if len(files) != 2:
-        problems.append(f"{len(files)} stats files (harness and child expected): {files}")
+    if len(files) != 3:
+        problems.append(f"{len(files)} stats files (the harness and two children expected): "
+                        f"{files}")
     for f in files:
         try:
             with open(os.path.join(wine.work, f)) as fh:
