@@ -78,6 +78,18 @@ std::size_t usable_of(void* p, std::uint8_t tag) noexcept {
   return tag != 0 ? arena::usable_size(p, tag) : foreign_size<C>(p);
 }
 
+// The _recalloc family: everything from `old` (the block's usable size
+// before) to the end of the new block reads as zero, as mimalloc's own
+// rezalloc and zalloc keep it (its _msize is the usable size, so a later
+// _recalloc zeroes from there).
+template <int C>
+void* zero_tail(void* q, std::size_t old) noexcept {
+  if (q == nullptr) return q;
+  const std::size_t now = usable_of<C>(q, owner_tag(q));
+  if (now > old) std::memset(static_cast<char*>(q) + old, 0, now - old);
+  return q;
+}
+
 int pool_of_tag(std::uint8_t tag) noexcept {
   return tag != 0 ? stats::pool_of(owner_backend(tag)) : stats::kSystemPool;
 }
@@ -236,9 +248,7 @@ void* crt_recalloc(void* p, std::size_t count, std::size_t size) noexcept {
   if (__builtin_mul_overflow(count, size, &total)) return nomem();
   if (p == nullptr) return crt_calloc<C>(1, total);
   const std::size_t old = usable_of<C>(p, owner_tag(p));
-  void* q = crt_realloc<C>(p, total);
-  if (q != nullptr && total > old) std::memset(static_cast<char*>(q) + old, 0, total - old);
-  return q;
+  return zero_tail<C>(crt_realloc<C>(p, total), old);
 }
 
 template <int C>
@@ -292,9 +302,7 @@ void* crt_aligned_recalloc(void* p, std::size_t count, std::size_t size,
               ? arena::usable_size(p, tag)
               : (g_crt[C].aligned_msize != nullptr ? g_crt[C].aligned_msize(p, alignment, 0) : 0);
   }
-  void* q = crt_aligned_realloc<C>(p, total, alignment);
-  if (q != nullptr && total > old) std::memset(static_cast<char*>(q) + old, 0, total - old);
-  return q;
+  return zero_tail<C>(crt_aligned_realloc<C>(p, total, alignment), old);
 }
 
 template <int C>
@@ -354,9 +362,7 @@ void* crt_aligned_offset_recalloc(void* p, std::size_t count, std::size_t size,
   if (p != nullptr) {
     old = tag != 0 ? arena::usable_size(p, tag) : g_crt[C].aligned_msize(p, alignment, offset);
   }
-  void* q = crt_aligned_offset_realloc<C>(p, total, alignment, offset);
-  if (q != nullptr && total > old) std::memset(static_cast<char*>(q) + old, 0, total - old);
-  return q;
+  return zero_tail<C>(crt_aligned_offset_realloc<C>(p, total, alignment, offset), old);
 }
 
 template <int C>

@@ -87,7 +87,18 @@ void c_heap() {
   void* o = _aligned_offset_malloc(200, 64, 8);
   show("aligned_offset_malloc", o, 200);
   check(((reinterpret_cast<std::uintptr_t>(o) + 8) & 63) == 0, "_aligned_offset_malloc aligns");
+  fill(o, 200, 9);
+  o = _aligned_offset_realloc(o, 3000, 64, 8);
+  check(((reinterpret_cast<std::uintptr_t>(o) + 8) & 63) == 0 && same(o, 200, 9),
+        "_aligned_offset_realloc aligns and keeps");
+  show("aligned_offset_realloc", o, 3000);
   _aligned_free(o);
+  // _expand: in place or not at all.
+  void* e = std::malloc(100);
+  void* grown = _expand(e, 90);
+  check(grown == nullptr || grown == e, "_expand stays in place");
+  show("expand", e, 100);
+  std::free(e);
   char* s = _strdup("a string the harness duplicates");
   show("strdup", s, std::strlen(s) + 1);
   check(std::strcmp(s, "a string the harness duplicates") == 0, "_strdup copies");

@@ -116,6 +116,7 @@ def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=()
     found = blocks(out)
     names = {b[0] for b in found}
     for want in ["malloc", "calloc", "realloc", "aligned_malloc", "aligned_offset_malloc",
+                 "aligned_offset_realloc", "expand",
                  "strdup", "wcsdup", "malloc_large", "new", "vector", "string", "new_aligned",
                  "thread", "late_dll", "getprocaddress", "early_realloc", "child_malloc",
                  "child_new", "envchild_malloc", "cleanchild_malloc", *extra]:
@@ -136,6 +137,21 @@ def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=()
         problems.append(f"driver memory in {len(pids)} process(es); expected the harness and "
                         "two of its children")
     record(name, not problems, "; ".join(problems))
+
+
+def case_crt_probe(wine, a):
+    """ucrt functions wine's ucrtbase lacks, as mnemosyne serves them."""
+    log = os.path.join(wine.work, "crt-probe.log")
+    rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
+                             "--", a.crt_probe], {"FAKECUDA_LOG": winpath(log)})
+    problems = []
+    if rc != 0 or "crt_probe: ok" not in out or err.strip():
+        problems.append(f"rc={rc}: {out[-300:]!r} {err[-300:]!r}")
+    ranges = driver_allocations(log)
+    found = blocks(out)
+    if len(found) != 2 or any(not inside(ranges, p, s) for _, p, s in found):
+        problems.append(f"blocks {found} not all in driver memory")
+    record("crt-probe", not problems, "; ".join(problems))
 
 
 def case_gtest(wine, a):
@@ -304,7 +320,8 @@ def case_injector_errors(wine, a):
 
 def main():
     ap = argparse.ArgumentParser()
-    for opt in ["build", "dll", "injector", "driver", "harness", "ucrt-harness", "gtest-harness"]:
+    for opt in ["build", "dll", "injector", "driver", "harness", "ucrt-harness", "gtest-harness",
+                "crt-probe"]:
         ap.add_argument("--" + opt, required=True)
     ap.add_argument("--only", default="", help="comma-separated cases (default: all)")
     ap.add_argument("--prefix", default="",
@@ -332,6 +349,7 @@ def main():
                                              a.harness)),
             ("ucrt", lambda: case_injected(wine, a, "ucrt-unified", "unified", "managed",
                                            a.ucrt_harness, "auto", ["recalloc"])),
+            ("crt-probe", lambda: case_crt_probe(wine, a)),
             ("gtest", lambda: case_gtest(wine, a)),
             ("timeout", lambda: case_timeout(wine, a)),
             ("cmd", lambda: case_real_program(
