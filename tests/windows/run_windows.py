@@ -154,6 +154,17 @@ def case_crt_probe(wine, a):
     record("crt-probe", not problems, "; ".join(problems))
 
 
+def case_api(wine, a):
+    """The C API of include/mnemosyne.h, found with GetProcAddress."""
+    problems = []
+    for backend in ["unified", "host"]:
+        rc, out, err = wine.run([a.injector, f"--backend={backend}",
+                                 f"--cuda-driver={winpath(a.driver)}", "--", a.api_probe, backend])
+        if rc != 0 or not re.search(r"^api_probe \d+\.\d+\.\d+ ok", out, re.M) or err.strip():
+            problems.append(f"{backend}: rc={rc} {out[-300:]!r} {err[-200:]!r}")
+    record("c-api", not problems, "; ".join(problems))
+
+
 def case_gtest(wine, a):
     log = os.path.join(wine.work, "gtest.log")
     rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
@@ -321,7 +332,7 @@ def case_injector_errors(wine, a):
 def main():
     ap = argparse.ArgumentParser()
     for opt in ["build", "dll", "injector", "driver", "harness", "ucrt-harness", "gtest-harness",
-                "crt-probe"]:
+                "crt-probe", "api-probe"]:
         ap.add_argument("--" + opt, required=True)
     ap.add_argument("--only", default="", help="comma-separated cases (default: all)")
     ap.add_argument("--prefix", default="",
@@ -350,6 +361,7 @@ def main():
             ("ucrt", lambda: case_injected(wine, a, "ucrt-unified", "unified", "managed",
                                            a.ucrt_harness, "auto", ["recalloc"])),
             ("crt-probe", lambda: case_crt_probe(wine, a)),
+            ("api", lambda: case_api(wine, a)),
             ("gtest", lambda: case_gtest(wine, a)),
             ("timeout", lambda: case_timeout(wine, a)),
             ("cmd", lambda: case_real_program(
