@@ -65,6 +65,22 @@ int usage(FILE* to) {
   return to == stdout ? 0 : 2;
 }
 
+// Checked here, before the program starts: with the import-table method a
+// DLL the loader refuses would only show as the program failing to start.
+// Mapped without running its code; it must be a 64-bit DLL exporting
+// ordinal 1 (the import inject_dll writes).
+std::string unusable_dll(const std::wstring& dll) {
+  HMODULE h = LoadLibraryExW(dll.c_str(), nullptr, DONT_RESOLVE_DLL_REFERENCES);
+  if (h == nullptr) {
+    return narrow(dll.c_str()) + " cannot be loaded (error " + std::to_string(GetLastError()) +
+           "): not a 64-bit Windows DLL, or damaged";
+  }
+  const bool has_ordinal_1 = GetProcAddress(h, MAKEINTRESOURCEA(1)) != nullptr;
+  FreeLibrary(h);
+  if (!has_ordinal_1) return narrow(dll.c_str()) + " does not export ordinal 1: not mnemosyne.dll";
+  return "";
+}
+
 int fail(int code, const std::string& line) {
   std::fprintf(stderr, "mnemosyne-inject: %s\n", line.c_str());
   return code;
@@ -129,6 +145,7 @@ int wmain(int argc, wchar_t** argv) {
   if (GetFileAttributesW(dll.c_str()) == INVALID_FILE_ATTRIBUTES) {
     return fail(126, "mnemosyne.dll not found next to the injector (" + narrow(dll.c_str()) + ")");
   }
+  if (std::string why = unusable_dll(dll); !why.empty()) return fail(126, why);
 
   std::wstring cmd;
   for (int k = i; k < argc; ++k) append_quoted(cmd, argv[k]);
@@ -162,5 +179,15 @@ int wmain(int argc, wchar_t** argv) {
   DWORD code = 1;
   GetExitCodeProcess(pi.hProcess, &code);
   CloseHandle(pi.hProcess);
+  // The loader's own failures, which would otherwise pass for the program's
+  // exit code without a word.
+  if (code == 0xC0000135u || code == 0xC0000142u || code == 0xC000007Bu) {
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "0x%08lX", static_cast<unsigned long>(code));
+    fail(static_cast<int>(code), program + " did not start: the loader failed (" + hex +
+                                     (code == 0xC0000135u   ? ", a DLL was not found)"
+                                      : code == 0xC0000142u ? ", a DLL failed to initialize)"
+                                                            : ", a DLL is not a valid image)"));
+  }
   return static_cast<int>(code);
 }

@@ -326,7 +326,46 @@ def case_injector_errors(wine, a):
     rc, _, err = wine.run([os.path.join(lonely, os.path.basename(a.injector)), "--", a.harness])
     if rc != 126 or "mnemosyne.dll not found" not in err:
         problems.append(f"missing DLL: rc={rc} {err.strip()[:200]}")
+    shutil.copy(a.injector, lonely)
+    with open(os.path.join(lonely, "mnemosyne.dll"), "wb") as f:
+        f.write(b"MZ not a DLL" + bytes(500))
+    rc, _, err = wine.run([os.path.join(lonely, os.path.basename(a.injector)), "--", a.harness])
+    if rc != 126 or "cannot be loaded" not in err:
+        problems.append(f"damaged DLL: rc={rc} {err.strip()[:200]}")
+    pe32 = os.path.join(wine.work, "pe32.exe")
+    with open(pe32, "wb") as f:
+        f.write(pe32_image())
+    rc, _, err = wine.run([a.injector, "--", winpath(pe32)])
+    if rc != 126 or "is a 32-bit program" not in err:
+        problems.append(f"32-bit program: rc={rc} {err.strip()[:200]}")
+    rc, _, err = wine.run([a.injector, "--backend=host", "--", "cmd.exe", "/c", "exit 7"])
+    if rc != 7 or err.strip():
+        problems.append(f"exit code: rc={rc} (want 7) {err.strip()[:200]}")
     record("injector-errors", not problems, "; ".join(problems))
+
+
+def pe32_image():
+    """The headers of a 32-bit (i386) console program: enough for Windows
+    to tell its bitness (GetBinaryType), as the injector must before starting
+    it. No 32-bit compiler is installed to build a real one."""
+    import struct
+    dos = b"MZ" + bytes(58) + struct.pack("<I", 64)
+    coff = struct.pack("<HHIIIHH", 0x14C, 1, 0, 0, 0, 224, 0x0102)  # i386, executable, 32-bit
+    opt = bytearray(224)
+    struct.pack_into("<H", opt, 0, 0x10B)  # PE32
+    struct.pack_into("<I", opt, 16, 0x1000)  # entry point
+    struct.pack_into("<I", opt, 28, 0x400000)  # image base
+    struct.pack_into("<II", opt, 32, 0x1000, 0x200)  # section, file alignment
+    struct.pack_into("<H", opt, 40, 4)  # major operating system version
+    struct.pack_into("<H", opt, 48, 4)  # major subsystem version
+    struct.pack_into("<I", opt, 56, 0x2000)  # size of image
+    struct.pack_into("<I", opt, 60, 0x200)  # size of headers
+    struct.pack_into("<H", opt, 68, 3)  # console subsystem
+    struct.pack_into("<I", opt, 92, 16)  # data directories
+    section = b".text\0\0\0" + struct.pack("<IIIIIIHHI", 0x1000, 0x1000, 0x200, 0x200, 0, 0,
+                                           0, 0, 0x60000020)
+    head = dos + b"PE\0\0" + coff + bytes(opt) + section
+    return head + bytes(0x200 - len(head)) + b"\xc3" + bytes(0x1ff)
 
 
 def main():
