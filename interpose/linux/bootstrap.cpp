@@ -20,6 +20,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/loader.hpp"
+#include "common/start_report.hpp"
 #include "fork.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
@@ -33,54 +34,9 @@ namespace {
 
 constinit config::Options g_options{};
 
-// DEVICE=local-rank: the rank's local index modulo the device count, which
-// needs the driver (loaded here, at the moment it would be anyway).
-int choose_device(const config::Options& o) noexcept {
-  if (!o.device_local_rank) return o.device;
-  if (!is_cuda_backend(o.backend) || o.local_rank < 0 || driver_api() == nullptr) return 0;
-  const int count = driver_info().device_count;
-  return count > 0 ? o.local_rank % count : 0;
-}
-
 void say(const char* fmt, const char* a, const char* b = "") noexcept {
   char line[1024];
   std::snprintf(line, sizeof line, fmt, a, b);
-  warn_line(line);
-}
-
-void print_verbose(const config::Options& o, const arena::StartReport& report,
-                   int device) noexcept {
-  char line[1024];
-  std::snprintf(line, sizeof line, "mnemosyne: version %s, pid %ld", MNEMOSYNE_VERSION,
-                static_cast<long>(getpid()));
-  warn_line(line);
-  std::snprintf(line, sizeof line,
-                "mnemosyne: BACKEND=%s DEVICE=%d%s SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu%s "
-                "FALLBACK=%s",
-                backend_name(o.backend), device, o.device_local_rank ? " (local-rank)" : "",
-                o.size_min, o.size_max, o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
-                o.limit == 0 ? " (none)" : "",
-                o.fallback == config::Fallback::fail ? "fail" : "host");
-  warn_line(line);
-  std::snprintf(line, sizeof line,
-                "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s DISABLE=0 VERBOSE=1",
-                o.show_stats ? 1 : 0, o.stats_file[0] ? o.stats_file : "(none)",
-                o.cuda_driver[0] ? o.cuda_driver : "(default search)");
-  warn_line(line);
-  const DriverState state = driver_state();
-  if (state == DriverState::ready) {
-    const DriverInfo& info = driver_info();
-    std::snprintf(line, sizeof line, "mnemosyne: driver %.300s, CUDA %d.%d, %d device(s)",
-                  info.path, info.version / 1000, (info.version % 1000) / 10, info.device_count);
-  } else if (state == DriverState::unavailable) {
-    std::snprintf(line, sizeof line, "mnemosyne: driver unavailable: %.700s", driver_info().reason);
-  } else {
-    std::snprintf(line, sizeof line, "mnemosyne: driver not loaded (the %s backend needs none)",
-                  backend_name(o.backend));
-  }
-  warn_line(line);
-  std::snprintf(line, sizeof line, "mnemosyne: heap on %s%s%.300s", backend_name(report.active),
-                report.reason[0] ? ": " : "", report.reason);
   warn_line(line);
 }
 
@@ -101,7 +57,7 @@ void start() noexcept {
   cfg.limit = o.limit;
   cfg.fallback =
       o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
-  cfg.host = arena::HostHeap{&__libc_malloc, &__libc_memalign, &__libc_free};
+  cfg.host = arena::HostHeap{&__libc_malloc, &__libc_memalign};
   cfg.warn = &warn_line;
 
   arena::StartReport report;
@@ -120,7 +76,7 @@ void start() noexcept {
           backend_name(report.requested), report.reason);
     }
   }
-  if (o.verbose) print_verbose(o, report, device);
+  if (o.verbose) print_verbose(o, report, device, static_cast<long>(getpid()), "", &warn_line);
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;

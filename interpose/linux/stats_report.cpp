@@ -10,6 +10,7 @@
 
 #include "backend/loader.hpp"
 #include "bootstrap.hpp"
+#include "common/start_report.hpp"
 #include "mode.hpp"
 #include "stats/report.hpp"
 
@@ -19,18 +20,8 @@ namespace {
 constinit char g_report[64 * 1024];  // used at exit only, by the exiting thread
 
 stats::ReportContext context() noexcept {
-  const config::Options& o = start_options();
-  stats::ReportContext ctx;
-  ctx.pid = static_cast<long>(getpid());
-  ctx.program = program_invocation_short_name;
-  ctx.requested = o.backend;
-  ctx.device = device_ordinal();
-  ctx.counting = g_policy.counting;
-  ctx.size_min = o.size_min;
-  ctx.size_max = o.size_max;
-  ctx.limit = o.limit;
-  ctx.fallback = o.fallback == config::Fallback::fail ? "fail" : "host";
-  return ctx;
+  return report_context(start_options(), static_cast<long>(getpid()), program_invocation_short_name,
+                        g_policy.counting);
 }
 
 void write_all(int fd, const char* text, std::size_t len) noexcept {

@@ -479,7 +479,8 @@ void* replacement_for(const void* original) noexcept {
 }
 
 // The arena's host heap (arena::HostHeap): the runtime of the call that
-// reached the arena, so that its own free takes the block back.
+// reached the arena, so that the same runtime's free (or _aligned_free, for
+// the aligned requests memalign serves) takes the block back.
 void* host_heap_malloc(std::size_t size) {
   const CrtHeap& crt = g_crt[t_caller];
   return crt.malloc != nullptr ? crt.malloc(size) : nullptr;
@@ -488,11 +489,6 @@ void* host_heap_malloc(std::size_t size) {
 void* host_heap_memalign(std::size_t alignment, std::size_t size) {
   const CrtHeap& crt = g_crt[t_caller];
   return crt.aligned_malloc != nullptr ? crt.aligned_malloc(size, alignment) : nullptr;
-}
-
-void host_heap_free(void* p) {
-  const CrtHeap& crt = g_crt[t_caller];
-  if (crt.free != nullptr) crt.free(p);
 }
 
 }  // namespace mnemosyne::win

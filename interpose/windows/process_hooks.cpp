@@ -83,13 +83,18 @@ bool wants_injection(const void* env, bool unicode) noexcept {
                  : names_an_option(static_cast<const char*>(env));
 }
 
-BOOL WINAPI hooked_create_process_w(LPCWSTR app, LPWSTR cmd, LPSECURITY_ATTRIBUTES pa,
-                                    LPSECURITY_ATTRIBUTES ta, BOOL inherit, DWORD flags, LPVOID env,
-                                    LPCWSTR dir, LPSTARTUPINFOW si, LPPROCESS_INFORMATION pi) {
+// CreateProcessW and CreateProcessA alike: suspended, injected, resumed.
+template <class Str, class MutableStr, class StartupInfo>
+BOOL create_process(BOOL(WINAPI* create)(Str, MutableStr, LPSECURITY_ATTRIBUTES,
+                                         LPSECURITY_ATTRIBUTES, BOOL, DWORD, LPVOID, Str,
+                                         StartupInfo, LPPROCESS_INFORMATION),
+                    Str app, MutableStr cmd, LPSECURITY_ATTRIBUTES pa, LPSECURITY_ATTRIBUTES ta,
+                    BOOL inherit, DWORD flags, LPVOID env, Str dir, StartupInfo si,
+                    LPPROCESS_INFORMATION pi) {
   if (!wants_injection(env, (flags & CREATE_UNICODE_ENVIRONMENT) != 0)) {
-    return g_create_w(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+    return create(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
   }
-  if (!g_create_w(app, cmd, pa, ta, inherit, flags | CREATE_SUSPENDED, env, dir, si, pi)) {
+  if (!create(app, cmd, pa, ta, inherit, flags | CREATE_SUSPENDED, env, dir, si, pi)) {
     return FALSE;
   }
   const DWORD saved = GetLastError();
@@ -98,19 +103,16 @@ BOOL WINAPI hooked_create_process_w(LPCWSTR app, LPWSTR cmd, LPSECURITY_ATTRIBUT
   return TRUE;
 }
 
+BOOL WINAPI hooked_create_process_w(LPCWSTR app, LPWSTR cmd, LPSECURITY_ATTRIBUTES pa,
+                                    LPSECURITY_ATTRIBUTES ta, BOOL inherit, DWORD flags, LPVOID env,
+                                    LPCWSTR dir, LPSTARTUPINFOW si, LPPROCESS_INFORMATION pi) {
+  return create_process(g_create_w, app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
+}
+
 BOOL WINAPI hooked_create_process_a(LPCSTR app, LPSTR cmd, LPSECURITY_ATTRIBUTES pa,
                                     LPSECURITY_ATTRIBUTES ta, BOOL inherit, DWORD flags, LPVOID env,
                                     LPCSTR dir, LPSTARTUPINFOA si, LPPROCESS_INFORMATION pi) {
-  if (!wants_injection(env, (flags & CREATE_UNICODE_ENVIRONMENT) != 0)) {
-    return g_create_a(app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
-  }
-  if (!g_create_a(app, cmd, pa, ta, inherit, flags | CREATE_SUSPENDED, env, dir, si, pi)) {
-    return FALSE;
-  }
-  const DWORD saved = GetLastError();
-  inject_child(pi, flags);
-  SetLastError(saved);
-  return TRUE;
+  return create_process(g_create_a, app, cmd, pa, ta, inherit, flags, env, dir, si, pi);
 }
 
 // Threads the driver starts while mnemosyne is inside a driver call (cuInit

@@ -13,6 +13,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/loader.hpp"
+#include "common/start_report.hpp"
 #include "crt.hpp"
 #include "inject.hpp"
 #include "mode.hpp"
@@ -25,7 +26,6 @@ namespace mnemosyne::win {
 
 void* host_heap_malloc(std::size_t size);
 void* host_heap_memalign(std::size_t alignment, std::size_t size);
-void host_heap_free(void* p);
 
 namespace {
 
@@ -62,45 +62,6 @@ bool loader_lock_held() noexcept {
   return reinterpret_cast<DWORD_PTR>(lock->OwningThread) == GetCurrentThreadId();
 }
 
-int choose_device(const config::Options& o) noexcept {
-  if (!o.device_local_rank) return o.device;
-  if (!is_cuda_backend(o.backend) || o.local_rank < 0 || driver_api() == nullptr) return 0;
-  const int count = driver_info().device_count;
-  return count > 0 ? o.local_rank % count : 0;
-}
-
-void print_verbose(const config::Options& o, const arena::StartReport& report,
-                   int device) noexcept {
-  char line[1024];
-  std::snprintf(line, sizeof line, "mnemosyne: version %s, pid %ld (Windows DLL)",
-                MNEMOSYNE_VERSION, Os::process_id());
-  warn_line(line);
-  std::snprintf(line, sizeof line,
-                "mnemosyne: BACKEND=%s DEVICE=%d SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu "
-                "FALLBACK=%s SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s",
-                backend_name(o.backend), device, o.size_min, o.size_max,
-                o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
-                o.fallback == config::Fallback::fail ? "fail" : "host", o.show_stats ? 1 : 0,
-                o.stats_file[0] ? o.stats_file : "(none)",
-                o.cuda_driver[0] ? o.cuda_driver : "(default search)");
-  warn_line(line);
-  const DriverState state = driver_state();
-  if (state == DriverState::ready) {
-    const DriverInfo& info = driver_info();
-    std::snprintf(line, sizeof line, "mnemosyne: driver %.300s, CUDA %d.%d, %d device(s)",
-                  info.path, info.version / 1000, (info.version % 1000) / 10, info.device_count);
-  } else if (state == DriverState::unavailable) {
-    std::snprintf(line, sizeof line, "mnemosyne: driver unavailable: %.700s", driver_info().reason);
-  } else {
-    std::snprintf(line, sizeof line, "mnemosyne: driver not loaded (the %s backend needs none)",
-                  backend_name(o.backend));
-  }
-  warn_line(line);
-  std::snprintf(line, sizeof line, "mnemosyne: heap on %s%s%.300s", backend_name(report.active),
-                report.reason[0] ? ": " : "", report.reason);
-  warn_line(line);
-}
-
 void start() noexcept {
   config::Options& o = g_options;
   config::read_options(environment(), false, &o, &warn_line);
@@ -119,7 +80,7 @@ void start() noexcept {
   cfg.limit = o.limit;
   cfg.fallback =
       o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
-  cfg.host = arena::HostHeap{&host_heap_malloc, &host_heap_memalign, &host_heap_free};
+  cfg.host = arena::HostHeap{&host_heap_malloc, &host_heap_memalign};
   cfg.warn = &warn_line;
 
   arena::StartReport report;
@@ -138,7 +99,7 @@ void start() noexcept {
                                                    : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
     warn_line(line);
   }
-  if (o.verbose) print_verbose(o, report, device);
+  if (o.verbose) print_verbose(o, report, device, Os::process_id(), " (Windows DLL)", &warn_line);
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;

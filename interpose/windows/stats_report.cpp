@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/loader.hpp"
+#include "common/start_report.hpp"
 #include "mode.hpp"
 #include "platform/platform.hpp"
 #include "start.hpp"
@@ -30,18 +30,7 @@ const char* program_name() noexcept {
 }
 
 stats::ReportContext context() noexcept {
-  const config::Options& o = start_options();
-  stats::ReportContext ctx;
-  ctx.pid = Os::process_id();
-  ctx.program = program_name();
-  ctx.requested = o.backend;
-  ctx.device = device_ordinal();
-  ctx.counting = g_policy.counting;
-  ctx.size_min = o.size_min;
-  ctx.size_max = o.size_max;
-  ctx.limit = o.limit;
-  ctx.fallback = o.fallback == config::Fallback::fail ? "fail" : "host";
-  return ctx;
+  return report_context(start_options(), Os::process_id(), program_name(), g_policy.counting);
 }
 
 void write_all(HANDLE h, const char* text, std::size_t len) noexcept {

@@ -23,10 +23,11 @@ enum class Fallback : std::uint8_t { host, fail };
 
 // The platform's own allocator (glibc's; the CRT's on Windows): where memory
 // goes that must not or cannot come from the backend.
+// The arena only allocates from it: such blocks are not the arena's
+// (owner_tag 0), and the interposer frees them with the platform's own free.
 struct HostHeap {
   void* (*malloc)(std::size_t size);
   void* (*memalign)(std::size_t alignment, std::size_t size);
-  void (*free)(void* ptr);
 };
 
 struct Config {

@@ -392,7 +392,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
     std::fprintf(stderr, "alloc_fuzzer: glibc's memalign not found\n");
     std::exit(1);
   }
-  cfg.host = arena::HostHeap{&__libc_malloc, glibc_memalign, &__libc_free};
+  cfg.host = arena::HostHeap{&__libc_malloc, glibc_memalign};
   arena::StartReport report;
   if (!arena::start(cfg, &report) || report.active != BackendId::unified) {
     std::fprintf(stderr, "alloc_fuzzer: the arena did not start on the test double: %s\n",

@@ -7,16 +7,11 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "probe_check.hpp"
+
+using probe::check;
+
 namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED %s\n", what);
-    ++g_failures;
-  }
-}
 
 template <class Fn>
 Fn find(HMODULE dll, const char* name) {
@@ -37,7 +32,7 @@ int main(int argc, char** argv) {
   auto stats_json = find<char* (*)()>(dll, "mnemosyne_stats_json");
   auto version = find<const char* (*)()>(dll, "mnemosyne_version");
   check(owns && backend_of && active && stats_json && version, "every function is exported");
-  if (g_failures != 0) return 1;
+  if (probe::failures != 0) return 1;
   const char* want = argc > 1 ? argv[1] : "unified";
   void* p = std::malloc(1000);
   check(owns(p) == 1, "mnemosyne_owns(malloc'd block) is 1");
@@ -51,6 +46,6 @@ int main(int argc, char** argv) {
         "mnemosyne_stats_json returns the schema");
   std::free(json);  // with the program's own free(), as the header says
   std::free(p);
-  std::printf("api_probe %s %s\n", version(), g_failures == 0 ? "ok" : "failures");
-  return g_failures == 0 ? 0 : 1;
+  std::printf("api_probe %s %s\n", version(), probe::failures == 0 ? "ok" : "failures");
+  return probe::failures == 0 ? 0 : 1;
 }

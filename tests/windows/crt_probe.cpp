@@ -7,21 +7,13 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "probe_check.hpp"
+
+// In ucrtbase.dll; mingw-w64's malloc.h does not declare it.
 extern "C" std::size_t __cdecl _aligned_msize(void* block, std::size_t alignment,
                                               std::size_t offset);
 
-namespace {
-
-int g_failures = 0;
-
-void check(bool ok, const char* what) {
-  if (!ok) {
-    std::printf("FAILED %s\n", what);
-    ++g_failures;
-  }
-}
-
-}  // namespace
+using probe::check;
 
 int main() {
   auto* p = static_cast<unsigned char*>(_aligned_recalloc(nullptr, 10, 10, 128));
@@ -46,6 +38,7 @@ int main() {
   check(zero, "_aligned_offset_recalloc zeroes");
   std::printf("block aligned_offset_recalloc %p 200\n", static_cast<void*>(q));
   _aligned_free(q);
-  std::printf("%s %d\n", g_failures == 0 ? "crt_probe: ok" : "crt_probe: failures", g_failures);
-  return g_failures == 0 ? 0 : 1;
+  std::printf("%s %d\n", probe::failures == 0 ? "crt_probe: ok" : "crt_probe: failures",
+              probe::failures);
+  return probe::failures == 0 ? 0 : 1;
 }
