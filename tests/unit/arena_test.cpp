@@ -5,8 +5,10 @@
 // The arena is one per process (mimalloc is), so every scenario runs as a
 // death test, in a fresh re-executed process with its own configuration.
 #include <gtest/gtest.h>
+#if !defined(_WIN32)
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cstdlib>
@@ -29,12 +31,11 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 std::atomic<long> g_host_calls{0};
 void* counting_malloc(std::size_t n) {
   g_host_calls++;
-  return std::malloc(n);
+  return test::host_malloc(n);
 }
 void* counting_memalign(std::size_t a, std::size_t n) {
   g_host_calls++;
-  void* p = nullptr;
-  return posix_memalign(&p, a, n) == 0 ? p : nullptr;
+  return test::host_memalign(a, n);
 }
 std::atomic<int> g_warnings{0};
 void count_warning(const char*) {
@@ -44,7 +45,7 @@ void count_warning(const char*) {
 arena::Config config(BackendId backend) {
   arena::Config cfg;
   cfg.backend = backend;
-  cfg.host = arena::HostHeap{&counting_malloc, &counting_memalign, &std::free};
+  cfg.host = arena::HostHeap{&counting_malloc, &counting_memalign};
   cfg.warn = &count_warning;
   return cfg;
 }
@@ -54,7 +55,7 @@ void release(void* p) {
   if (owner_tag(p) != 0) {
     arena::free(p, owner_tag(p));
   } else {
-    std::free(p);
+    test::host_free(p);
   }
 }
 
@@ -189,7 +190,7 @@ TEST(Arena, ReallocKeepsContentsAcrossSegments) {
 
 TEST(Arena, UnavailableDriverStartsOnHostMemory) {
   IN_FRESH_PROCESS({
-    setenv("MNEMOSYNE_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+    test::set_env("MNEMOSYNE_CUDA_DRIVER", test::kMissingDriverPath);
     arena::StartReport report;
     ASSERT_TRUE(start_arena(config(BackendId::device), &report));
     EXPECT_EQ(report.requested, BackendId::device);
@@ -203,7 +204,7 @@ TEST(Arena, UnavailableDriverStartsOnHostMemory) {
 
 TEST(Arena, FallbackFailStartsWithNothing) {
   IN_FRESH_PROCESS({
-    setenv("FAKECUDA_INIT_ERROR", "100", 1);
+    test::set_env("FAKECUDA_INIT_ERROR", "100");
     arena::Config cfg = config(BackendId::unified);
     cfg.fallback = arena::Fallback::fail;
     arena::StartReport report;
@@ -236,7 +237,7 @@ TEST(Arena, SmallerArenaWhenTheGeometricOneIsRefused) {
     // Arenas of 64, 64 and 128 MiB take 352 MiB of the driver (each asks for
     // 32 MiB of alignment slack more); the geometric next one, 256 MiB, does
     // not fit under 481 MiB, a 64 MiB one does.
-    setenv("FAKECUDA_MEM_LIMIT", std::to_string(481 * kMiB).c_str(), 1);
+    test::set_env("FAKECUDA_MEM_LIMIT", std::to_string(481 * kMiB).c_str());
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
     std::vector<void*> blocks;
     for (int i = 0; i < 120; ++i) blocks.push_back(arena::alloc(4 * kMiB));
@@ -288,6 +289,8 @@ TEST(Arena, DriverThreadsNeverMakeTheArenaCallTheDriver) {
   });
 }
 
+// Linux only: Windows has no fork() (fork_copy.cpp is not built there).
+#if !defined(_WIN32)
 TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
@@ -326,6 +329,7 @@ TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
     arena::free(data, owner_tag(data));
   });
 }
+#endif  // !_WIN32
 
 }  // namespace
 }  // namespace mnemosyne

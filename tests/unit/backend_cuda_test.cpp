@@ -1,8 +1,10 @@
 // The CUDA backends against the fake driver, in one process: the driver is
 // loaded once (MNEMOSYNE_CUDA_DRIVER = the fake, 2 devices, no faults).
 #include <gtest/gtest.h>
+#if !defined(_WIN32)
 #include <sys/wait.h>
 #include <unistd.h>
+#endif
 
 #include <atomic>
 #include <cstring>
@@ -355,6 +357,8 @@ TEST_F(BackendCudaTest, ConcurrentAllocationsFromEightThreads) {
   EXPECT_EQ(after.live_bytes, before.live_bytes);
 }
 
+// Linux only: Windows has no fork().
+#if !defined(_WIN32)
 TEST_F(BackendCudaTest, ForkedChildNeverCallsTheDriver) {
   void* p = CudaUnified::allocate(kSize);
   ASSERT_NE(p, nullptr);
@@ -387,6 +391,7 @@ TEST_F(BackendCudaTest, ForkedChildNeverCallsTheDriver) {
   EXPECT_TRUE(CudaUnified::registry().contains(p));
   EXPECT_TRUE(CudaUnified::deallocate(p, kSize));
 }
+#endif  // !_WIN32
 
 }  // namespace
 }  // namespace mnemosyne

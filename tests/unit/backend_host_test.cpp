@@ -1,8 +1,5 @@
-// The Host backend: anonymous mmap, registered, counted.
+// The Host backend: anonymous pages from the OS (mmap, VirtualAlloc), registered, counted.
 #include <gtest/gtest.h>
-
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstring>
@@ -11,6 +8,7 @@
 
 #include "backend/backends.hpp"
 #include "backend/counters.hpp"
+#include "test_os.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -26,7 +24,7 @@ TEST(BackendHost, RoundTrip) {
 
   void* p = Host::allocate(kSize);
   ASSERT_NE(p, nullptr);
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % static_cast<std::uintptr_t>(getpagesize()), 0u);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(p) % test::page_size(), 0u);
   EXPECT_TRUE(Host::registry().contains(p));
   std::memset(p, 0xab, kSize);
   EXPECT_EQ(static_cast<unsigned char*>(p)[kSize - 1], 0xab);

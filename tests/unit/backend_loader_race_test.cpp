@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <set>
 #include <thread>
@@ -19,7 +20,7 @@ namespace {
 TEST(BackendLoaderRace, SixteenThreadsOneCuInit) {
   ASSERT_NE(test::fake_path(), nullptr) << "MNEMOSYNE_TEST_FAKECUDA is not set";
   ASSERT_EQ(driver_state(), DriverState::uninitialized);
-  setenv("FAKECUDA_INIT_DELAY_MS", "150", 1);
+  test::set_env("FAKECUDA_INIT_DELAY_MS", "150");
 
   constexpr int kThreads = 16;
   constexpr std::size_t kSize = 2u << 20;
@@ -37,8 +38,11 @@ TEST(BackendLoaderRace, SixteenThreadsOneCuInit) {
   }
   while (arrived.load() != kThreads) std::this_thread::yield();
   go.store(true, std::memory_order_release);
-  // While the winner sits in cuInit the others wait in "initializing".
-  for (int i = 0; i < 2000 && driver_state() != DriverState::ready; ++i) {
+  // While the winner sits in cuInit the others wait in "initializing". Polled
+  // for 2 s at most, by the clock: the number of polls is no measure of time
+  // (mingw's sleep_for of 100 us may return at once).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (driver_state() != DriverState::ready && std::chrono::steady_clock::now() < deadline) {
     if (driver_state() == DriverState::initializing) saw_initializing.fetch_add(1);
     std::this_thread::sleep_for(std::chrono::microseconds(100));
   }

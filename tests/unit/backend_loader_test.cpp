@@ -40,20 +40,23 @@ class BackendLoaderTest : public ::testing::Test {
 
 TEST_F(BackendLoaderTest, MissingDriverLibrary) {
   EXPECT_SCENARIO([] {
-    setenv("MNEMOSYNE_CUDA_DRIVER", "/nonexistent/libcuda.so.1", 1);
+    test::set_env("MNEMOSYNE_CUDA_DRIVER", test::kMissingDriverPath);
     SCENARIO_CHECK(driver_state() == DriverState::uninitialized);
     SCENARIO_CHECK(!is_cuda_available());
     SCENARIO_CHECK(driver_state() == DriverState::unavailable);
     SCENARIO_CHECK(driver_api() == nullptr);
     SCENARIO_CHECK(all_cuda_backends_refuse());
-    SCENARIO_CHECK(std::strcmp(driver_info().path, "/nonexistent/libcuda.so.1") == 0);
-    SCENARIO_CHECK(std::strstr(driver_info().reason, "/nonexistent/libcuda.so.1") != nullptr);
+    SCENARIO_CHECK(std::strcmp(driver_info().path, test::kMissingDriverPath) == 0);
+    SCENARIO_CHECK(std::strstr(driver_info().reason, test::kMissingDriverPath) != nullptr);
+#if defined(_WIN32)
+    SCENARIO_CHECK(std::strstr(driver_info().reason, test::kMissingDriverError) != nullptr);
+#endif
     SCENARIO_CHECK(create_temp_context(0) == nullptr);
     auto report = std::make_unique<DriverReport>();
     probe_driver(report.get());
     SCENARIO_CHECK(!report->available);
     SCENARIO_CHECK(report->device_count == 0);
-    SCENARIO_CHECK(std::strstr(report->reason, "/nonexistent") != nullptr);
+    SCENARIO_CHECK(std::strstr(report->reason, test::kMissingDriverDir) != nullptr);
     // The Host backend does not need the driver.
     void* p = Host::allocate(kSize);
     SCENARIO_CHECK(p != nullptr && Host::deallocate(p, kSize));
@@ -62,7 +65,7 @@ TEST_F(BackendLoaderTest, MissingDriverLibrary) {
 
 TEST_F(BackendLoaderTest, CuInitFailureNamesTheError) {
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_INIT_ERROR", "100", 1);  // CUDA_ERROR_NO_DEVICE
+    test::set_env("FAKECUDA_INIT_ERROR", "100");  // CUDA_ERROR_NO_DEVICE
     SCENARIO_CHECK(!is_cuda_available());
     SCENARIO_CHECK(driver_state() == DriverState::unavailable);
     SCENARIO_CHECK(driver_info().init_result == CUDA_ERROR_NO_DEVICE);
@@ -78,7 +81,7 @@ TEST_F(BackendLoaderTest, CuInitFailureNamesTheError) {
 
 TEST_F(BackendLoaderTest, MissingRequiredEntryPoint) {
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_MISSING", "cuMemAllocManaged", 1);
+    test::set_env("FAKECUDA_MISSING", "cuMemAllocManaged");
     SCENARIO_CHECK(!is_cuda_available());
     SCENARIO_CHECK(driver_state() == DriverState::unavailable);
     SCENARIO_CHECK(std::strstr(driver_info().reason, "cuMemAllocManaged") != nullptr);
@@ -89,7 +92,7 @@ TEST_F(BackendLoaderTest, MissingRequiredEntryPoint) {
     SCENARIO_CHECK(driver_info().version > 0);
   });
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_MISSING", "cuMemFree", 1);
+    test::set_env("FAKECUDA_MISSING", "cuMemFree");
     SCENARIO_CHECK(!is_cuda_available());
     SCENARIO_CHECK(std::strstr(driver_info().reason, "cuMemFree") != nullptr);
   });
@@ -97,7 +100,7 @@ TEST_F(BackendLoaderTest, MissingRequiredEntryPoint) {
 
 TEST_F(BackendLoaderTest, MissingOptionalEntryPoints) {
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_MISSING", "cuGetErrorName,cuCtxCreate,cuMemAdvise", 1);
+    test::set_env("FAKECUDA_MISSING", "cuGetErrorName,cuCtxCreate,cuMemAdvise");
     SCENARIO_CHECK(is_cuda_available());
     SCENARIO_CHECK(driver_api()->cuGetErrorName == nullptr);
     SCENARIO_CHECK(create_temp_context(0) == nullptr);
@@ -113,11 +116,12 @@ TEST_F(BackendLoaderTest, MissingOptionalEntryPoints) {
   });
 }
 
-// The variant without cuGetProcAddress: entry points come from dlsym of the
-// versioned exports, and the legacy 32-bit cuMemFree is never used.
+// The variant without cuGetProcAddress: entry points come from dlsym (Windows:
+// GetProcAddress) of the versioned exports, and the legacy 32-bit cuMemFree is
+// never used.
 TEST_F(BackendLoaderTest, DlsymPathUsesVersionedExports) {
   EXPECT_SCENARIO([] {
-    setenv("MNEMOSYNE_CUDA_DRIVER", test::fake_noproc_path(), 1);
+    test::set_env("MNEMOSYNE_CUDA_DRIVER", test::fake_noproc_path());
     SCENARIO_CHECK(is_cuda_available());
     SCENARIO_CHECK(std::strcmp(driver_info().path, test::fake_noproc_path()) == 0);
     void* u = CudaUnified::allocate(kSize);
@@ -210,7 +214,7 @@ TEST_F(BackendLoaderTest, PrimaryContextRetainedOnce) {
 // wait for one in progress: it might hold a lock the loading cuInit needs.
 TEST_F(BackendLoaderTest, DriverThreadsNeverLoadNorWait) {
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_INIT_DELAY_MS", "300", 1);
+    test::set_env("FAKECUDA_INIT_DELAY_MS", "300");
     bool refused = false;
     std::thread([&] {
       mark_thread_as_driver_owned();
@@ -257,13 +261,13 @@ TEST_F(BackendLoaderTest, ForkedChildMarkBeforeAnyLoad) {
     SCENARIO_CHECK(!is_cuda_available());
     SCENARIO_CHECK(driver_state() == DriverState::unavailable);
     SCENARIO_CHECK(all_cuda_backends_refuse());
-    SCENARIO_CHECK(dlopen(test::fake_path(), RTLD_NOW | RTLD_NOLOAD) == nullptr);
+    SCENARIO_CHECK(test::loaded_library(test::fake_path()) == nullptr);
   });
 }
 
 TEST_F(BackendLoaderTest, MemoryLimitFromTheEnvironment) {
   EXPECT_SCENARIO([] {
-    setenv("FAKECUDA_FAIL_ALLOC_AFTER", "1", 1);
+    test::set_env("FAKECUDA_FAIL_ALLOC_AFTER", "1");
     void* p = CudaUnified::allocate(kSize);
     SCENARIO_CHECK(p != nullptr);
     SCENARIO_CHECK(CudaUnified::allocate(kSize) == nullptr);

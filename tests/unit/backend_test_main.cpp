@@ -7,11 +7,13 @@
 
 #include <cstdlib>
 
+#include "test_os.hpp"
+
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   if (const char* fake = std::getenv("MNEMOSYNE_TEST_FAKECUDA"); fake != nullptr && *fake) {
-    setenv("MNEMOSYNE_CUDA_DRIVER", fake, 1);
+    mnemosyne::test::set_env("MNEMOSYNE_CUDA_DRIVER", fake);
   }
   return RUN_ALL_TESTS();
 }

@@ -3,9 +3,7 @@
 // run in a fresh process (a death test) with their own environment.
 #pragma once
 
-#include <dlfcn.h>
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +11,7 @@
 
 #include "backend/loader.hpp"
 #include "fakecuda.h"
+#include "test_os.hpp"
 
 namespace mnemosyne::test {
 
@@ -40,10 +39,10 @@ inline const Fake* loaded_fake() {
   static bool found = false;
   if (found) return &fake;
   if (driver_state() != DriverState::ready) return nullptr;
-  void* h = dlopen(driver_info().path, RTLD_NOW | RTLD_NOLOAD);
+  void* h = loaded_library(driver_info().path);
   if (h == nullptr) return nullptr;
   auto sym = [h](auto* out, const char* name) {
-    *out = reinterpret_cast<std::remove_pointer_t<decltype(out)>>(dlsym(h, name));
+    *out = reinterpret_cast<std::remove_pointer_t<decltype(out)>>(library_symbol(h, name));
     return *out != nullptr;
   };
   found = sym(&fake.get_counters, "fakecuda_get_counters") &&
@@ -57,9 +56,9 @@ inline const Fake* loaded_fake() {
 
 // The counters of a library loaded at `path` by the product (any state).
 inline bool fake_counters_at(const char* path, fakecuda_counters* out) {
-  void* h = dlopen(path, RTLD_NOW | RTLD_NOLOAD);
+  void* h = loaded_library(path);
   if (h == nullptr) return false;
-  auto get = reinterpret_cast<fakecuda_get_counters_fn>(dlsym(h, "fakecuda_get_counters"));
+  auto get = reinterpret_cast<fakecuda_get_counters_fn>(library_symbol(h, "fakecuda_get_counters"));
   if (get == nullptr) return false;
   get(out);
   return true;
@@ -77,7 +76,7 @@ inline const char* fake_noproc_path() {
   do {                                                                                       \
     if (!(cond)) {                                                                           \
       std::fprintf(stderr, "%s:%d: scenario check failed: %s\n", __FILE__, __LINE__, #cond); \
-      _exit(1);                                                                              \
+      ::mnemosyne::test::exit_now(1);                                                        \
     }                                                                                        \
   } while (0)
 
@@ -87,7 +86,7 @@ template <class F>
 [[noreturn]] void run_scenario_and_exit(F body) {
   body();
   std::fflush(nullptr);
-  _exit(0);
+  exit_now(0);
 }
 #define EXPECT_SCENARIO(...)                                                                       \
   EXPECT_EXIT(::mnemosyne::test::run_scenario_and_exit(__VA_ARGS__), ::testing::ExitedWithCode(0), \

@@ -4,7 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <malloc.h>
+#if defined(_WIN32)
+#include <windows.h>
+#endif
 
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -18,8 +22,9 @@
 #include "config/options.hpp"
 
 // The allocation check replaces malloc and its relatives in this executable
-// with counting forwarders to glibc's own (__libc_*). Sanitizer runtimes
-// intercept malloc themselves, so there the check is skipped.
+// with counting forwarders to the C library's own (glibc's __libc_*; on
+// Windows the C runtime DLL's). Sanitizer runtimes intercept malloc
+// themselves, so there the check is skipped.
 #if defined(__SANITIZE_THREAD__) || defined(__SANITIZE_ADDRESS__)
 #define CONFIG_TEST_COUNTS_MALLOC 0
 #elif defined(__has_feature)
@@ -32,12 +37,20 @@
 #define CONFIG_TEST_COUNTS_MALLOC 1
 #endif
 
-#if CONFIG_TEST_COUNTS_MALLOC
+#if CONFIG_TEST_COUNTS_MALLOC && !defined(_WIN32)
 namespace {
 thread_local bool t_counting = false;
 thread_local long t_allocations = 0;
 inline void count_one() noexcept {
   if (t_counting) ++t_allocations;
+}
+void start_counting() noexcept {
+  t_allocations = 0;
+  t_counting = true;
+}
+long stop_counting() noexcept {
+  t_counting = false;
+  return t_allocations;
 }
 }  // namespace
 
@@ -83,6 +96,72 @@ int posix_memalign(void** out, std::size_t alignment, std::size_t size) noexcept
 }
 void free(void* p) noexcept {
   __libc_free(p);
+}
+}  // extern "C"
+#elif CONFIG_TEST_COUNTS_MALLOC  // Windows
+// mingw-w64 links malloc and its relatives by name from the C runtime's
+// import library: defined here, they replace them for everything linked into
+// this executable (the product's code, libstdc++, GoogleTest), and forward to
+// the runtime's own, looked up in its DLL (what glibc's __libc_* are on
+// Linux). The runtime's allocations inside itself (its strdup) do not pass
+// through here. Thread-locals are emulated with malloc on mingw, so the
+// counting thread is told by its id instead.
+namespace {
+#if defined(_UCRT)
+constexpr const char* kCrtDll = "ucrtbase.dll";
+#else
+constexpr const char* kCrtDll = "msvcrt.dll";
+#endif
+
+std::atomic<DWORD> g_counting_thread{0};
+std::atomic<long> g_allocations{0};
+inline void count_one() noexcept {
+  if (g_counting_thread.load(std::memory_order_relaxed) == GetCurrentThreadId()) {
+    g_allocations.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+void start_counting() noexcept {
+  g_allocations.store(0);
+  g_counting_thread.store(GetCurrentThreadId());
+}
+long stop_counting() noexcept {
+  g_counting_thread.store(0);
+  return g_allocations.load();
+}
+
+// The runtime's `name`, looked up once (a racing second lookup finds the same).
+template <class Fn>
+Fn crt_function(std::atomic<Fn>& cache, const char* name) noexcept {
+  Fn fn = cache.load(std::memory_order_acquire);
+  if (fn != nullptr) return fn;
+  HMODULE crt = GetModuleHandleA(kCrtDll);
+  fn = crt != nullptr ? reinterpret_cast<Fn>(reinterpret_cast<void*>(GetProcAddress(crt, name)))
+                      : nullptr;
+  if (fn == nullptr) ExitProcess(3);  // nothing to forward to: no output is possible either
+  cache.store(fn, std::memory_order_release);
+  return fn;
+}
+std::atomic<void* (*)(std::size_t)> g_crt_malloc{nullptr};
+std::atomic<void* (*)(std::size_t, std::size_t)> g_crt_calloc{nullptr};
+std::atomic<void* (*)(void*, std::size_t)> g_crt_realloc{nullptr};
+std::atomic<void (*)(void*)> g_crt_free{nullptr};
+}  // namespace
+
+extern "C" {
+void* malloc(std::size_t size) {
+  count_one();
+  return crt_function(g_crt_malloc, "malloc")(size);
+}
+void* calloc(std::size_t n, std::size_t size) {
+  count_one();
+  return crt_function(g_crt_calloc, "calloc")(n, size);
+}
+void* realloc(void* p, std::size_t size) {
+  count_one();
+  return crt_function(g_crt_realloc, "realloc")(p, size);
+}
+void free(void* p) {
+  crt_function(g_crt_free, "free")(p);
 }
 }  // extern "C"
 #endif  // CONFIG_TEST_COUNTS_MALLOC
@@ -764,18 +843,26 @@ TEST(ConfigNoAllocation, ReadOptionsNeverAllocates) {
   std::size_t lo = 0, hi = 0, sz = 0;
   bool flag = false;
 
+#if defined(_WIN32)
+  // The hook sees allocations, also those the C++ runtime makes inside
+  // (operator new).
+  void* (*volatile make)(std::size_t) = &::operator new;
+  start_counting();
+  void* made = make(64);
+  const long hook_allocations = stop_counting();
+  ::operator delete(made);
+#else
   // The hook sees allocations, also those glibc makes inside (strdup).
   char* (*volatile dup)(const char*) = strdup;
-  t_allocations = 0;
-  t_counting = true;
+  start_counting();
   char* copy = dup("hook check");
-  t_counting = false;
+  const long hook_allocations = stop_counting();
   std::free(copy);
-  ASSERT_GE(t_allocations, 1) << "the counting malloc is not in use";
+#endif
+  ASSERT_GE(hook_allocations, 1) << "the counting malloc is not in use";
 
   g_quiet_lines = 0;
-  t_allocations = 0;
-  t_counting = true;
+  start_counting();
   read_options(env.envp(), false, &a, count_lines);
   read_options(env.envp(), true, &b, count_lines);
   read_options(bad.envp(), false, &c, count_lines);
@@ -786,9 +873,9 @@ TEST(ConfigNoAllocation, ReadOptionsNeverAllocates) {
                       parse_bool("on", &flag) && !parse_size("1.5G", &sz);
   std::size_t count = 0;
   const OptionInfo* table = option_table(&count);
-  t_counting = false;
+  const long allocations = stop_counting();
 
-  EXPECT_EQ(t_allocations, 0);
+  EXPECT_EQ(allocations, 0);
   EXPECT_GE(g_quiet_lines, 12) << "the warning paths ran";
   EXPECT_EQ(a.backend, BackendId::pinned);
   EXPECT_TRUE(a.device_local_rank);
