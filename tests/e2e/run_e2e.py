@@ -94,10 +94,37 @@ def driver_blocks(events):
     return blocks
 
 
+def freed_before(events, index, pid, ptr):
+    """True when a block holding `ptr` was freed by process `pid` before
+    events[index]."""
+    for e in events[:index]:
+        if e["pid"] == pid and e["event"] == "free" and "ptr" in e:
+            start = int(e["ptr"], 16)
+            if start <= ptr < start + int(e["size"]):
+                return True
+    return False
+
+
 def check_heap(events, backend, device=0, injected=()):
     """The heap of every process under the interposer came from the backend.
-    `injected`: calls a test made fail on purpose."""
-    fails = [e for e in events if e["event"] == "fail" and e["call"] not in injected]
+    `injected`: calls a test made fail on purpose. One failure is by design
+    (src/arena/fork_copy.cpp, copy_early): the fork copy's cuMemcpyDtoH of
+    a dedicated block another thread freed after the copy listed it; it is
+    allowed only when the double logged the address as unknown and that
+    block's free came first."""
+    fails = []
+    unknown = []  # indices of dtoh-unknown lines not yet matched with their failure
+    for i, e in enumerate(events):
+        if e["event"] == "dtoh-unknown":
+            unknown.append(i)
+        if e["event"] != "fail" or e["call"] in injected:
+            continue
+        if e["call"] == "cuMemcpyDtoH_v2" and e.get("rc") == "1":
+            mine = [j for j in unknown if events[j]["pid"] == e["pid"]]
+            if mine and freed_before(events, mine[-1], e["pid"], int(events[mine[-1]]["ptr"], 16)):
+                unknown.remove(mine[-1])
+                continue
+        fails.append(e)
     expect(not fails, f"driver calls failed: {fails[:3]}")
     allocs = [e for e in events if e["event"] == "alloc"]
     if backend == "host":

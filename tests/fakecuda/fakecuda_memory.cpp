@@ -382,6 +382,9 @@ FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size
     rc = CUDA_ERROR_INVALID_CONTEXT;
   } else if (dstHost == nullptr || b == nullptr || ByteCount > b->map_len - (src - b->addr)) {
     rc = CUDA_ERROR_INVALID_VALUE;  // the source must lie in one block the driver handed out
+    if (b == nullptr) {             // e.g. freed meanwhile: tests tell that race from a bad address
+      log_line("dtoh-unknown ptr=0x%llx size=%zu", static_cast<unsigned long long>(src), ByteCount);
+    }
   } else if (int e = g_copy_error.load(); e != 0) {
     rc = static_cast<CUresult>(e);
   } else {
