@@ -37,8 +37,9 @@ void write_all(int fd, const char* text, std::size_t len) noexcept {
 void report_at_exit() {
   const config::Options& o = start_options();
   const stats::ReportContext ctx = context();
+  const stats::Snapshot snap = stats::take_snapshot(ctx);  // one moment for both reports
   if (o.show_stats) {
-    std::size_t n = stats::format_table(ctx, g_report, sizeof g_report);
+    std::size_t n = stats::format_table(ctx, snap, g_report, sizeof g_report);
     write_all(STDERR_FILENO, g_report, n < sizeof g_report ? n : sizeof g_report - 1);
   }
   if (o.stats_file[0] != '\0') {
@@ -47,7 +48,7 @@ void report_at_exit() {
       warn_line("mnemosyne: MNEMOSYNE_STATS_FILE is too long after expanding %p; no file written");
       return;
     }
-    const std::size_t n = stats::format_json(ctx, g_report, sizeof g_report);
+    const std::size_t n = stats::format_json(ctx, snap, g_report, sizeof g_report);
     const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) {
       char line[700];

@@ -45,8 +45,9 @@ void write_all(HANDLE h, const char* text, std::size_t len) noexcept {
 void report_at_exit() {
   const config::Options& o = start_options();
   const stats::ReportContext ctx = context();
+  const stats::Snapshot snap = stats::take_snapshot(ctx);  // one moment for both reports
   if (o.show_stats) {
-    const std::size_t n = stats::format_table(ctx, g_report, sizeof g_report);
+    const std::size_t n = stats::format_table(ctx, snap, g_report, sizeof g_report);
     write_all(GetStdHandle(STD_ERROR_HANDLE), g_report,
               n < sizeof g_report ? n : sizeof g_report - 1);
   }
@@ -56,7 +57,7 @@ void report_at_exit() {
       warn_line("mnemosyne: MNEMOSYNE_STATS_FILE is too long after expanding %p; no file written");
       return;
     }
-    const std::size_t n = stats::format_json(ctx, g_report, sizeof g_report);
+    const std::size_t n = stats::format_json(ctx, snap, g_report, sizeof g_report);
     HANDLE f =
         CreateFileA(path, GENERIC_WRITE, 0, nullptr, CREATE_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr);
     if (f == INVALID_HANDLE_VALUE) {

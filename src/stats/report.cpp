@@ -49,26 +49,11 @@ class Writer {
   std::size_t used_ = 0;
 };
 
-struct Pool {
-  const char* name;
-  PoolTotals counts;
-  std::uint64_t segments;
-  std::uint64_t reserved;
-  std::uint64_t driver_calls;
-  std::uint64_t driver_failures;
-  double driver_ms;
-  std::uint64_t advice_failures;
-};
-
-struct Snapshot {
-  Pool pools[kPools];
-  int count = 0;
-  arena::Stats arena;
-};
-
 // Every pool worth reporting: the system allocator always, a backend when it
 // served, reserved or called anything, or was the one asked for.
-Snapshot collect(const ReportContext& ctx) noexcept {
+}  // namespace
+
+Snapshot take_snapshot(const ReportContext& ctx) noexcept {
   Snapshot snap;
   PoolTotals counts[kPools];
   totals(counts);
@@ -97,10 +82,16 @@ Snapshot collect(const ReportContext& ctx) noexcept {
   return snap;
 }
 
-}  // namespace
-
 std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  const Snapshot snap = collect(ctx);
+  return format_json(ctx, take_snapshot(ctx), buf, len);
+}
+
+std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
+  return format_table(ctx, take_snapshot(ctx), buf, len);
+}
+
+std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* buf,
+                        std::size_t len) noexcept {
   const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("{\n  \"schema\": \"mnemosyne-stats/1\",\n  \"pid\": %ld,\n  \"program\": ", ctx.pid);
@@ -140,8 +131,8 @@ std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) no
   return w.used();
 }
 
-std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept {
-  const Snapshot snap = collect(ctx);
+std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* buf,
+                         std::size_t len) noexcept {
   const arena::Stats& a = snap.arena;
   Writer w(buf, len);
   w.put("mnemosyne: pid %ld (%s), backend %s (active %s), device %d\n", ctx.pid, ctx.program,

@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
+#include "arena/arena.hpp"
 #include "backend/backend_id.hpp"
+#include "stats/counters.hpp"
 
 namespace mnemosyne::stats {
 
@@ -22,8 +25,35 @@ struct ReportContext {
   const char* fallback = "host";
 };
 
+// One pool's figures: counts (when counting) and the backend's own.
+struct Pool {
+  const char* name;
+  PoolTotals counts;
+  std::uint64_t segments;
+  std::uint64_t reserved;
+  std::uint64_t driver_calls;
+  std::uint64_t driver_failures;
+  double driver_ms;
+  std::uint64_t advice_failures;
+};
+
+// Every figure of a report, read at one moment: the table and the JSON file
+// written at exit come from one snapshot, so they agree even while other
+// threads (the driver's) still allocate.
+struct Snapshot {
+  Pool pools[kPools];
+  int count = 0;
+  arena::Stats arena;
+};
+Snapshot take_snapshot(const ReportContext& ctx) noexcept;
+
 // Return the length the full text needs (like snprintf); the text is
-// truncated, and still NUL-terminated, when that is >= len.
+// truncated, and still NUL-terminated, when that is >= len. Without a
+// snapshot, each takes its own.
+std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* buf,
+                        std::size_t len) noexcept;
+std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* buf,
+                         std::size_t len) noexcept;
 std::size_t format_json(const ReportContext& ctx, char* buf, std::size_t len) noexcept;
 std::size_t format_table(const ReportContext& ctx, char* buf, std::size_t len) noexcept;
 

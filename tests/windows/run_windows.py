@@ -94,8 +94,17 @@ NATIVE = {}
 
 
 def native_run(wine, harness):
+    """The harness without mnemosyne: the reference output. Wine itself
+    once returned nothing for it in a fresh prefix (not reproduced in 40
+    runs since); a reference run that failed is said and made again, once.
+    The runs under mnemosyne are never repeated."""
     if harness not in NATIVE:
-        NATIVE[harness] = wine.run([harness])
+        rc, out, err = wine.run([harness])
+        if rc != 0 or "harness: ok" not in out:
+            print(f"# the run without mnemosyne failed (rc={rc}, stdout {out[-200:]!r}, "
+                  f"stderr {err[-300:]!r}); running it again", flush=True)
+            rc, out, err = wine.run([harness])
+        NATIVE[harness] = (rc, out, err)
     return NATIVE[harness]
 
 
