@@ -18,7 +18,8 @@ as_root() {
 # (python3, gcc, git, sort, xz, gdb, OpenMPI's mpirun), clang with libFuzzer
 # and the sanitizer runtimes, valgrind. Windows: the mingw-w64 cross
 # compilers (posix threads: the win32 model lacks std::mutex) and wine, which
-# runs the Windows tests (about 1.1 GB, 30 s).
+# runs the Windows tests (about 1.1 GB, 30 s). Benchmarks (scripts/bench.sh):
+# Debian's mimalloc, jemalloc and tcmalloc libraries, preloaded side by side.
 packages=(
   build-essential g++ gcc meson ninja-build pkg-config
   libgtest-dev googletest nlohmann-json3-dev
@@ -26,6 +27,7 @@ packages=(
   clang-format clang libclang-rt-14-dev valgrind
   gdb openmpi-bin libopenmpi-dev
   g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix mingw-w64-x86-64-dev wine wine64
+  libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time
 )
 
 missing=()

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Side-by-side allocator benchmark (scripts/bench.sh runs it).
+
+Every workload (bench/workloads.cpp, and unmodified Debian programs) runs
+under each allocator by LD_PRELOAD of its library: glibc (none), Debian's
+mimalloc, jemalloc and tcmalloc, mnemosyne with the host backend, mnemosyne
+with the unified backend over the test-double driver, and a naive interposer
+that makes one driver allocation per malloc. Runs are interleaved (every
+allocator once, then again) and repeated; medians and ratios to mimalloc
+come from the same run. Single-threaded workloads are also counted with
+callgrind: instruction counts repeat exactly on a noisy machine, seconds do
+not. Writes bench/results/results.csv, results.md and ratios.png.
+"""
+import argparse
+import csv
+import datetime
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LIB = "/usr/lib/x86_64-linux-gnu"
+PEERS = {
+    "mimalloc": f"{LIB}/libmimalloc.so.2",
+    "jemalloc": f"{LIB}/libjemalloc.so.2",
+    "tcmalloc": f"{LIB}/libtcmalloc_minimal.so.4",
+}
+# The naive interposer makes a driver call per malloc: it runs this share of
+# each workload's work, and its times are scaled up by the inverse.
+NAIVE_SHARE = 0.01
+
+# name, argument of the workloads binary, full scale, quick scale,
+# single-threaded (then also counted with callgrind).
+WORKLOADS = [
+    ("churn", "churn", 5.0, 0.5, True),
+    ("larson", "larson", 1.0, 0.2, False),
+    ("xmalloc", "xmalloc", 3.0, 0.3, False),
+    ("cache-scratch", "cache-scratch", 20.0, 2.0, False),
+    ("malloc-simple", "malloc-simple", 2.0, 0.2, True),
+    ("malloc-thread", "malloc-thread", 1.0, 0.1, False),
+    ("realloc-chains", "realloc-chains", 2.0, 0.2, True),
+    ("large", "large", 1.0, 0.2, True),
+    ("threads-200", "threads-200", 1.0, 1.0, False),
+    ("calloc-large", "calloc-large", 1.0, 0.25, True),
+    ("realloc-grow", "realloc-grow", 1.0, 0.25, True),
+]
+
+PY_PROGRAM = ("import json\n"
+              "d = {str(i): [i] * (i % 50) for i in range(N)}\n"
+              "s = json.dumps(d)\n"
+              "print(len(json.loads(s)), len(s))\n")
+
+
+def programs(work, quick):
+    """Unmodified Debian programs doing what their users do."""
+    n = 20000 if quick else 150000
+    src = os.path.join(work, "big.c")
+    with open(src, "w") as f:
+        for i in range(300 if quick else 1500):
+            f.write(f"int f{i}(int x) {{ int a[{i % 17 + 1}]; for (int k = 0; k < {i % 17 + 1};"
+                    f" ++k) a[k] = x * k + {i}; return a[x % {i % 17 + 1}]; }}\n")
+    lines = os.path.join(work, "lines.txt")
+    import random
+    rnd = random.Random(5)
+    with open(lines, "w") as f:
+        for _ in range(60000 if quick else 400000):
+            f.write("%08x %s\n" % (rnd.getrandbits(32), "x" * rnd.randrange(1, 40)))
+    return [
+        ("python3-json", ["/usr/bin/python3", "-c", PY_PROGRAM.replace("N", str(n))]),
+        ("gcc-compile", ["gcc", "-O2", "-c", src, "-o", os.devnull]),
+        ("sort", ["sort", lines, "-o", os.devnull]),
+        ("xz", ["xz", "-6", "-T1", "-c", lines]),
+    ]
+
+
+def allocators(build, fake, work):
+    lib = os.path.join(build, "interpose", "libmnemosyne.so")
+    naive = os.path.join(build, "bench", "libnaive-interposer.so")
+    log = os.path.join(work, "fake.log")
+    driver = {"MNEMOSYNE_CUDA_DRIVER": fake, "FAKECUDA_LOG": log,
+              # the naive interposer cannot serve the double's own thread
+              "FAKECUDA_THREAD_ITERS": "0"}
+    out = [("glibc", {})]
+    out += [(name, {"LD_PRELOAD": path}) for name, path in PEERS.items()]
+    out += [("mnemosyne-host", {"LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "host"}),
+            ("mnemosyne-unified", {"LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "unified", **driver}),
+            ("naive", {"LD_PRELOAD": naive, **driver})]
+    return out, log
+
+
+def run_measured(argv, env, log, work):
+    """Runs argv; returns (wall, cpu, peak RSS KiB, rc, stderr, driver calls).
+    GNU time reports the peak RSS: a child forked straight from this Python
+    process would count Python's own pages in its ru_maxrss."""
+    if os.path.exists(log):
+        os.unlink(log)
+    report = os.path.join(work, "time.out")
+    start = time.perf_counter()
+    p = subprocess.run(["/usr/bin/time", "-f", "%e %U %S %M", "-o", report] + argv, env=env,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wall = time.perf_counter() - start
+    try:
+        with open(report) as f:
+            fields = f.read().split()[-4:]
+        cpu = float(fields[1]) + float(fields[2])
+        rss = int(fields[3])
+    except (OSError, ValueError, IndexError):
+        cpu, rss = 0.0, 0
+    calls = 0
+    if os.path.exists(log):
+        with open(log) as f:
+            calls = sum(1 for line in f if " alloc " in line)
+    return wall, cpu, rss, p.returncode, p.stderr, calls
+
+
+def instructions(argv, env):
+    """Instructions of the whole process, counted by callgrind."""
+    p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv,
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    m = re.search(r"Collected : (\d+)", p.stderr)
+    return int(m.group(1)) if m and p.returncode == 0 else None
+
+
+def machine_line():
+    cpu = "unknown CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return f"{platform.node()}: {os.cpu_count()} cores, {cpu}, {platform.release()}"
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true",
+                    help="one run each at a small scale, callgrind for churn only: a smoke run")
+    ap.add_argument("--runs", type=int, default=0, help="repetitions (default 3, quick 1)")
+    ap.add_argument("--only", default="", help="comma-separated workloads")
+    a = ap.parse_args()
+    runs = a.runs or (1 if a.quick else 3)
+    build = os.path.abspath(a.build)
+    fake = os.path.join(build, "tests", "fakecuda", "libfakecuda.so")
+    binary = os.path.join(build, "bench", "workloads")
+    missing = [p for p in list(PEERS.values()) + [fake, binary, "/usr/bin/time"]
+               if not os.path.exists(p)]
+    if missing:
+        print(f"bench: missing {missing} (scripts/setup.sh installs the peers; build first)")
+        return 1
+    work = tempfile.mkdtemp(prefix="mnemosyne-bench-")
+    allocs, log = allocators(build, fake, work)
+    base_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD", "MIMALLOC_"))}
+    base_env["LC_ALL"] = "C"
+
+    cases = []  # (name, argv builder(share), single-threaded)
+    for name, arg, full, quick_scale, st in WORKLOADS:
+        scale = quick_scale if a.quick else full
+        cases.append((name, (lambda share, arg=arg, scale=scale:
+                             [binary, arg, f"{scale * share:g}"]), st, True))
+    for name, argv in programs(work, a.quick):
+        cases.append((name, (lambda share, argv=argv: argv), False, False))
+    if a.only:
+        cases = [c for c in cases if c[0] in a.only.split(",")]
+
+    rows = []
+    failures = 0
+    started = time.monotonic()
+    for name, argv_of, st, scalable in cases:
+        samples = {alloc: [] for alloc, _ in allocs}
+        info = {}
+        for _ in range(runs):
+            for alloc, extra in allocs:
+                if alloc == "naive" and not scalable:
+                    continue  # a real program cannot run a share of its work
+                share = NAIVE_SHARE if alloc == "naive" else 1.0
+                env = {**base_env, **extra}
+                wall, cpu, rss, rc, err, calls = run_measured(argv_of(share), env, log, work)
+                if rc != 0:
+                    failures += 1
+                    print(f"bench: {name} under {alloc} failed (rc={rc}): "
+                          f"{err.decode(errors='replace')[-300:]}", flush=True)
+                    continue
+                samples[alloc].append((wall / share, cpu / share, rss, calls))
+        for alloc, extra in allocs:
+            got = samples[alloc]
+            if not got:
+                continue
+            row = {"workload": name, "allocator": alloc, "runs": len(got),
+                   "wall_s": statistics.median(g[0] for g in got),
+                   "cpu_s": statistics.median(g[1] for g in got),
+                   "peak_rss_kib": int(statistics.median(g[2] for g in got)),
+                   "driver_allocations": int(statistics.median(g[3] for g in got)),
+                   "instructions": ""}
+            if st and (not a.quick or name == "churn") and alloc != "naive":
+                count = instructions(argv_of(1.0), {**base_env, **extra})
+                row["instructions"] = count if count is not None else ""
+            rows.append(row)
+        line = "  ".join(f"{r['allocator']} {r['wall_s']:.3f}s" for r in rows if r["workload"] == name)
+        print(f"{name}: {line}", flush=True)
+    elapsed = time.monotonic() - started
+    shutil.rmtree(work, ignore_errors=True)
+    write_results(a.out, rows, runs, a.quick, elapsed)
+    if failures:
+        print(f"bench: {failures} run(s) failed (above); their rows are missing")
+    return 1 if failures else 0
+
+
+def ratio(rows, name, alloc, key):
+    mine = [r for r in rows if r["workload"] == name and r["allocator"] == alloc]
+    base = [r for r in rows if r["workload"] == name and r["allocator"] == "mimalloc"]
+    if not mine or not base or mine[0][key] in ("", 0) or base[0][key] in ("", 0):
+        return None
+    return float(mine[0][key]) / float(base[0][key])
+
+
+def write_results(out, rows, runs, quick, elapsed):
+    os.makedirs(out, exist_ok=True)
+    fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
+              "driver_allocations", "instructions"]
+    with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields)
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "wall_s": f"{r['wall_s']:.4f}", "cpu_s": f"{r['cpu_s']:.4f}"})
+    names = list(dict.fromkeys(r["workload"] for r in rows))
+    allocs = list(dict.fromkeys(r["allocator"] for r in rows))
+    others = [x for x in allocs if x != "mimalloc"]
+    today = datetime.date.today().isoformat()
+    md = [f"# Allocators side by side, {today}", "",
+          f"Machine: {machine_line()}. {'Quick run (small scale, 1 run)' if quick else f'Median of {runs} interleaved runs'};"
+          f" {elapsed / 60:.1f} minutes. Ratios are to Debian's mimalloc 2.0.9 in the same run"
+          " (lower is better). The naive interposer ran 1% of each workload; its times are"
+          " scaled up.", ""]
+    for key, title in [("wall_s", "Wall time"), ("instructions", "Instructions (callgrind)"),
+                       ("peak_rss_kib", "Peak RSS")]:
+        md += [f"## {title}, ratio to mimalloc", "",
+               "| workload | mimalloc | " + " | ".join(others) + " |",
+               "|---|---|" + "---|" * len(others)]
+        for name in names:
+            base = [r for r in rows if r["workload"] == name and r["allocator"] == "mimalloc"]
+            if not base or base[0][key] in ("", 0):
+                continue
+            value = base[0][key]
+            shown = (f"{value:.3f} s" if key == "wall_s" else
+                     f"{int(value):,}" if key == "instructions" else f"{int(value) / 1024:.0f} MiB")
+            cells = []
+            for alloc in others:
+                rr = ratio(rows, name, alloc, key)
+                cells.append("-" if rr is None else f"{rr:.2f}x")
+            md.append(f"| {name} | {shown} | " + " | ".join(cells) + " |")
+        md.append("")
+    geo = []
+    for alloc in others:
+        rs = [ratio(rows, n, alloc, "wall_s") for n in names]
+        rs = [x for x in rs if x]
+        if rs:
+            geo.append(f"{alloc} {statistics.geometric_mean(rs):.2f}x")
+    md += ["Geometric mean of wall-time ratios: " + ", ".join(geo) + ".", ""]
+    calls = [r for r in rows if r["allocator"] == "mnemosyne-unified"]
+    if calls:
+        md += ["Driver allocations (test double) per run, mnemosyne-unified: " +
+               ", ".join(f"{r['workload']} {r['driver_allocations']}" for r in calls) + ".", ""]
+    with open(os.path.join(out, "results.md"), "w") as f:
+        f.write("\n".join(md))
+    plot(out, rows, names, others, today)
+    print("\n".join(md))
+
+
+def plot(out, rows, names, others, today):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("bench: matplotlib missing (python3-matplotlib): no plot")
+        return
+    fig, ax = plt.subplots(figsize=(max(8, len(names) * 0.9), 4.8))
+    width = 0.8 / max(1, len(others))
+    for k, alloc in enumerate(others):
+        values = [ratio(rows, n, alloc, "wall_s") or 0 for n in names]
+        ax.bar([i + k * width for i in range(len(names))], values, width, label=alloc)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_yscale("log")
+    ax.set_xticks([i + 0.4 - width / 2 for i in range(len(names))])
+    ax.set_xticklabels(names, rotation=35, ha="right")
+    ax.set_ylabel("wall time / mimalloc's (log)")
+    ax.set_title(f"Allocators side by side ({today}); lower is better")
+    ax.legend(fontsize=8, ncol=3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "ratios.png"), dpi=110)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

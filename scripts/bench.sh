@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The side-by-side allocator benchmark: builds the workloads and the naive
+# interposer, runs bench/run_bench.py, and writes bench/results/ (CSV, a
+# Markdown table with the machine and date, ratios.png).
+# Usage: scripts/bench.sh [--quick] [--runs N] [--only w1,w2]
+#   --quick: a smoke run under 2 minutes (small scale, one run each)
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+scripts/setup.sh >/dev/null
+[ -f build/build.ninja ] || meson setup build >/dev/null
+ninja -C build bench/workloads bench/libnaive-interposer.so interpose/libmnemosyne.so \
+  tests/fakecuda/libfakecuda.so >/dev/null
+out=bench/results
+for arg in "$@"; do [ "$arg" = "--quick" ] && out=build/bench-quick; done
+exec /usr/bin/python3 bench/run_bench.py --build build --out "$out" "$@"
