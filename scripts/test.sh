@@ -143,6 +143,15 @@ if [ $quick -eq 0 ]; then
     rm -rf "$scratch"
   done
 
+  echo "== benchmark smoke run (scripts/bench.sh --quick: every workload and allocator once; no figure is checked)"
+  if scripts/bench.sh --quick >build/bench-quick.log 2>&1; then
+    echo "bench: ok ($(grep -c '^| ' build/bench-quick/results.md) table rows in build/bench-quick/)"
+    passed=$((passed + 1))
+  else
+    echo "bench: FAILED:"; tail -20 build/bench-quick.log
+    status=1; failed=$((failed + 1))
+  fi
+
   echo "== the README's install line, on a fresh clone"
   line=$(sed -n 's/^    \(meson setup build --prefix=[^ ]* && meson install -C build\)$/\1/p' README.md)
   fresh=$(mktemp -d)
