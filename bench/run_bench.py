@@ -178,7 +178,6 @@ def main():
     started = time.monotonic()
     for name, argv_of, st, scalable in cases:
         samples = {alloc: [] for alloc, _ in allocs}
-        info = {}
         for _ in range(runs):
             for alloc, extra in allocs:
                 if alloc == "naive" and not scalable:

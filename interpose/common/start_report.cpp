@@ -49,6 +49,40 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
 }
 
+bool start_heap(const config::Options& o, const StartPlatform& platform) noexcept {
+  set_driver_path(o.cuda_driver);
+  const int device = choose_device(o);
+  set_device_ordinal(device);
+
+  arena::Config cfg;
+  cfg.backend = o.backend;
+  cfg.first_segment = o.arena_size;
+  cfg.limit = o.limit;
+  cfg.fallback =
+      o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
+  cfg.host = platform.host;
+  cfg.warn = platform.warn;
+
+  arena::StartReport report;
+  char line[1200];
+  if (!arena::start(cfg, &report)) {
+    std::snprintf(line, sizeof line,
+                  "mnemosyne: no memory for the heap (%.300s); %s serves this process",
+                  report.reason, platform.system);
+    platform.warn(line);
+    return false;
+  }
+  if (report.reason[0] != '\0') {
+    std::snprintf(line, sizeof line, "mnemosyne: the %s backend is unavailable (%.700s); %s",
+                  backend_name(report.requested), report.reason,
+                  report.active == BackendId::host ? "the heap uses host memory"
+                                                   : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
+    platform.warn(line);
+  }
+  if (o.verbose) print_verbose(o, report, device, platform.pid, platform.flavour, platform.warn);
+  return true;
+}
+
 stats::ReportContext report_context(const config::Options& o, long pid, const char* program,
                                     bool counting) noexcept {
   stats::ReportContext ctx;
@@ -62,6 +96,34 @@ stats::ReportContext report_context(const config::Options& o, long pid, const ch
   ctx.limit = o.limit;
   ctx.fallback = o.fallback == config::Fallback::fail ? "fail" : "host";
   return ctx;
+}
+
+namespace {
+constinit char g_report[64 * 1024];  // used at exit only, by the exiting thread
+}  // namespace
+
+void write_exit_reports(const config::Options& o, const stats::ReportContext& ctx,
+                        const ReportSinks& sinks) noexcept {
+  const stats::Snapshot snap = stats::take_snapshot(ctx);
+  constexpr std::size_t kRoom = sizeof g_report - 1;  // the text, without its NUL
+  if (o.show_stats) {
+    const std::size_t n = stats::format_table(ctx, snap, g_report, sizeof g_report);
+    sinks.to_stderr(g_report, n < kRoom ? n : kRoom);
+  }
+  if (o.stats_file[0] == '\0') return;
+  char path[600];
+  if (!config::expand_stats_path(o.stats_file, ctx.pid, path, sizeof path)) {
+    sinks.warn("mnemosyne: MNEMOSYNE_STATS_FILE is too long after expanding %p; no file written");
+    return;
+  }
+  const std::size_t n = stats::format_json(ctx, snap, g_report, sizeof g_report);
+  char why[200];
+  if (!sinks.to_file(path, g_report, n < kRoom ? n : kRoom, why, sizeof why)) {
+    char line[800];
+    std::snprintf(line, sizeof line, "mnemosyne: cannot write the statistics to %.500s: %s", path,
+                  why);
+    sinks.warn(line);
+  }
 }
 
 }  // namespace mnemosyne

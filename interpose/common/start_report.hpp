@@ -17,8 +17,38 @@ int choose_device(const config::Options& o) noexcept;
 void print_verbose(const config::Options& o, const arena::StartReport& report, int device, long pid,
                    const char* flavour, void (*warn)(const char* line)) noexcept;
 
+// What a start-up needs of its platform.
+struct StartPlatform {
+  arena::HostHeap host;  // the arena's host heap
+  const char* system;    // what serves the process without a heap: "the system allocator"
+  long pid;
+  const char* flavour;  // for print_verbose
+  void (*warn)(const char* line);
+};
+
+// From read options to a running arena: the driver path and device, the
+// arena, one line when the requested backend is unavailable, the verbose
+// lines. False when not even host memory could start a heap (one line says
+// so): the platform's allocator then serves the process.
+bool start_heap(const config::Options& o, const StartPlatform& platform) noexcept;
+
 // The statistics report's context for this process.
 stats::ReportContext report_context(const config::Options& o, long pid, const char* program,
                                     bool counting) noexcept;
+
+// Where the exit report goes, per platform.
+struct ReportSinks {
+  void (*to_stderr)(const char* text, std::size_t len);
+  // Writes `text` as the whole file at `path`; false with the OS's reason.
+  bool (*to_file)(const char* path, const char* text, std::size_t len, char* why,
+                  std::size_t why_len);
+  void (*warn)(const char* line);
+};
+
+// At exit: the SHOW_STATS table and the STATS_FILE JSON, both from one
+// snapshot, so they agree while other threads (the driver's) still allocate.
+// Only the exiting thread calls it: it formats into one static buffer.
+void write_exit_reports(const config::Options& o, const stats::ReportContext& ctx,
+                        const ReportSinks& sinks) noexcept;
 
 }  // namespace mnemosyne

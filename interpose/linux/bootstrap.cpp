@@ -16,10 +16,8 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <cstring>
 
 #include "arena/arena.hpp"
-#include "backend/loader.hpp"
 #include "common/start_report.hpp"
 #include "fork.hpp"
 #include "libc.hpp"
@@ -34,12 +32,6 @@ namespace {
 
 constinit config::Options g_options{};
 
-void say(const char* fmt, const char* a, const char* b = "") noexcept {
-  char line[1024];
-  std::snprintf(line, sizeof line, fmt, a, b);
-  warn_line(line);
-}
-
 void start() noexcept {
   config::Options& o = g_options;
   config::read_options(environ, getauxval(AT_SECURE) != 0, &o, &warn_line);
@@ -47,43 +39,16 @@ void start() noexcept {
     if (o.verbose) warn_line("mnemosyne: DISABLE is set: the system allocator serves this process");
     return;
   }
-  set_driver_path(o.cuda_driver);
-  const int device = choose_device(o);
-  set_device_ordinal(device);
-
-  arena::Config cfg;
-  cfg.backend = o.backend;
-  cfg.first_segment = o.arena_size;
-  cfg.limit = o.limit;
-  cfg.fallback =
-      o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
-  cfg.host = arena::HostHeap{&__libc_malloc, &__libc_memalign};
-  cfg.warn = &warn_line;
-
-  arena::StartReport report;
-  if (!arena::start(cfg, &report)) {
-    say("mnemosyne: no memory for the heap (%.300s); the system allocator serves this process",
-        report.reason);
-    return;
-  }
-  if (report.reason[0] != '\0') {
-    if (report.active == BackendId::host) {
-      say("mnemosyne: the %s backend is unavailable (%.700s); the heap uses host memory",
-          backend_name(report.requested), report.reason);
-    } else {
-      say("mnemosyne: the %s backend is unavailable (%.700s); allocations fail "
-          "(MNEMOSYNE_FALLBACK=fail)",
-          backend_name(report.requested), report.reason);
-    }
-  }
-  if (o.verbose) print_verbose(o, report, device, static_cast<long>(getpid()), "", &warn_line);
+  const StartPlatform platform{arena::HostHeap{&__libc_malloc, &__libc_memalign},
+                               "the system allocator", static_cast<long>(getpid()), "", &warn_line};
+  if (!start_heap(o, platform)) return;
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;
   g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);
-  if (o.show_stats || o.stats_file[0] != '\0') install_exit_report();
+  if (g_policy.counting) install_exit_report();
   g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
                std::memory_order_release);
 }

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backend/loader.hpp"
 #include "bootstrap.hpp"
 #include "common/start_report.hpp"
 #include "mode.hpp"
@@ -16,8 +15,6 @@
 
 namespace mnemosyne {
 namespace {
-
-constinit char g_report[64 * 1024];  // used at exit only, by the exiting thread
 
 stats::ReportContext context() noexcept {
   return report_context(start_options(), static_cast<long>(getpid()), program_invocation_short_name,
@@ -34,32 +31,23 @@ void write_all(int fd, const char* text, std::size_t len) noexcept {
   }
 }
 
+bool write_file(const char* path, const char* text, std::size_t len, char* why,
+                std::size_t why_len) {
+  const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    std::snprintf(why, why_len, "%s", std::strerror(errno));
+    return false;
+  }
+  write_all(fd, text, len);
+  close(fd);
+  return true;
+}
+
 void report_at_exit() {
-  const config::Options& o = start_options();
-  const stats::ReportContext ctx = context();
-  const stats::Snapshot snap = stats::take_snapshot(ctx);  // one moment for both reports
-  if (o.show_stats) {
-    std::size_t n = stats::format_table(ctx, snap, g_report, sizeof g_report);
-    write_all(STDERR_FILENO, g_report, n < sizeof g_report ? n : sizeof g_report - 1);
-  }
-  if (o.stats_file[0] != '\0') {
-    char path[600];
-    if (!config::expand_stats_path(o.stats_file, ctx.pid, path, sizeof path)) {
-      warn_line("mnemosyne: MNEMOSYNE_STATS_FILE is too long after expanding %p; no file written");
-      return;
-    }
-    const std::size_t n = stats::format_json(ctx, snap, g_report, sizeof g_report);
-    const int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-      char line[700];
-      std::snprintf(line, sizeof line, "mnemosyne: cannot write the statistics to %.500s: %s", path,
-                    std::strerror(errno));
-      warn_line(line);
-      return;
-    }
-    write_all(fd, g_report, n < sizeof g_report ? n : sizeof g_report - 1);
-    close(fd);
-  }
+  const ReportSinks sinks{
+      [](const char* text, std::size_t len) { write_all(STDERR_FILENO, text, len); }, &write_file,
+      &warn_line};
+  write_exit_reports(start_options(), context(), sinks);
 }
 
 }  // namespace

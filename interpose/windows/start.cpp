@@ -12,7 +12,6 @@
 #include <cstring>
 
 #include "arena/arena.hpp"
-#include "backend/loader.hpp"
 #include "common/start_report.hpp"
 #include "crt.hpp"
 #include "inject.hpp"
@@ -70,36 +69,9 @@ void start() noexcept {
     if (o.verbose) warn_line("mnemosyne: DISABLE is set: the C runtime serves this process");
     return;
   }
-  set_driver_path(o.cuda_driver);
-  const int device = choose_device(o);
-  set_device_ordinal(device);
-
-  arena::Config cfg;
-  cfg.backend = o.backend;
-  cfg.first_segment = o.arena_size;
-  cfg.limit = o.limit;
-  cfg.fallback =
-      o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
-  cfg.host = arena::HostHeap{&host_heap_malloc, &host_heap_memalign};
-  cfg.warn = &warn_line;
-
-  arena::StartReport report;
-  char line[1200];
-  if (!arena::start(cfg, &report)) {
-    std::snprintf(line, sizeof line,
-                  "mnemosyne: no memory for the heap (%.300s); the C runtime serves this process",
-                  report.reason);
-    warn_line(line);
-    return;
-  }
-  if (report.reason[0] != '\0') {
-    std::snprintf(line, sizeof line, "mnemosyne: the %s backend is unavailable (%.700s); %s",
-                  backend_name(report.requested), report.reason,
-                  report.active == BackendId::host ? "the heap uses host memory"
-                                                   : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
-    warn_line(line);
-  }
-  if (o.verbose) print_verbose(o, report, device, Os::process_id(), " (Windows DLL)", &warn_line);
+  const StartPlatform platform{arena::HostHeap{&host_heap_malloc, &host_heap_memalign},
+                               "the C runtime", Os::process_id(), " (Windows DLL)", &warn_line};
+  if (!start_heap(o, platform)) return;
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;

@@ -15,7 +15,6 @@
 namespace mnemosyne::win {
 namespace {
 
-constinit char g_report[64 * 1024];  // used at exit only, by the exiting thread
 constinit char g_program[MAX_PATH] = {};
 
 const char* program_name() noexcept {
@@ -42,35 +41,25 @@ void write_all(HANDLE h, const char* text, std::size_t len) noexcept {
   }
 }
 
+bool write_file(const char* path, const char* text, std::size_t len, char* why,
+                std::size_t why_len) {
+  HANDLE f =
+      CreateFileA(path, GENERIC_WRITE, 0, nullptr, CREATE_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr);
+  if (f == INVALID_HANDLE_VALUE) {
+    std::snprintf(why, why_len, "error %lu", GetLastError());
+    return false;
+  }
+  write_all(f, text, len);
+  CloseHandle(f);
+  return true;
+}
+
 void report_at_exit() {
-  const config::Options& o = start_options();
-  const stats::ReportContext ctx = context();
-  const stats::Snapshot snap = stats::take_snapshot(ctx);  // one moment for both reports
-  if (o.show_stats) {
-    const std::size_t n = stats::format_table(ctx, snap, g_report, sizeof g_report);
-    write_all(GetStdHandle(STD_ERROR_HANDLE), g_report,
-              n < sizeof g_report ? n : sizeof g_report - 1);
-  }
-  if (o.stats_file[0] != '\0') {
-    char path[600];
-    if (!config::expand_stats_path(o.stats_file, ctx.pid, path, sizeof path)) {
-      warn_line("mnemosyne: MNEMOSYNE_STATS_FILE is too long after expanding %p; no file written");
-      return;
-    }
-    const std::size_t n = stats::format_json(ctx, snap, g_report, sizeof g_report);
-    HANDLE f =
-        CreateFileA(path, GENERIC_WRITE, 0, nullptr, CREATE_ALWAYS, FILE_ATTRIBUTE_NORMAL, nullptr);
-    if (f == INVALID_HANDLE_VALUE) {
-      char line[700];
-      std::snprintf(line, sizeof line,
-                    "mnemosyne: cannot write the statistics to %.500s: error %lu", path,
-                    GetLastError());
-      warn_line(line);
-      return;
-    }
-    write_all(f, g_report, n < sizeof g_report ? n : sizeof g_report - 1);
-    CloseHandle(f);
-  }
+  const ReportSinks sinks{[](const char* text, std::size_t len) {
+                            write_all(GetStdHandle(STD_ERROR_HANDLE), text, len);
+                          },
+                          &write_file, &warn_line};
+  write_exit_reports(start_options(), context(), sinks);
 }
 
 }  // namespace
