@@ -28,9 +28,11 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
                 o.fallback == config::Fallback::fail ? "fail" : "host");
   warn(line);
   std::snprintf(line, sizeof line,
-                "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s DISABLE=0 VERBOSE=1",
+                "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
+                "DISABLE=0 VERBOSE=1",
                 o.show_stats ? 1 : 0, o.stats_file[0] ? o.stats_file : "(none)",
-                o.cuda_driver[0] ? o.cuda_driver : "(default search)");
+                o.cuda_driver[0] ? o.cuda_driver : "(default search)",
+                o.programs[0] ? o.programs : "(every program)");
   warn(line);
   const DriverState state = driver_state();
   if (state == DriverState::ready) {

@@ -32,13 +32,37 @@ namespace {
 
 constinit config::Options g_options{};
 
-void start() noexcept {
+// PROGRAMS: whether this process is one whose heap moves. Its names: the
+// file execve was given (AT_EXECFN: a #! script's own path, a symlink's
+// name), the executable after symlinks (/proc/self/exe) and argv[0].
+bool selected(const config::Options& o, const char* argv0) noexcept {
+  if (o.programs[0] == '\0') return true;
+  char exe[4096];
+  const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  exe[n > 0 ? n : 0] = '\0';
+  const char* execfn = reinterpret_cast<const char*>(getauxval(AT_EXECFN));
+  for (const char* name : {execfn, static_cast<const char*>(exe), argv0}) {
+    if (config::program_matches(o.programs, name, false)) return true;
+  }
+  if (o.verbose) {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "mnemosyne: PROGRAMS=%.300s names none of %.200s, %.200s, %.200s: the system "
+                  "allocator serves this process",
+                  o.programs, execfn != nullptr ? execfn : "", exe, argv0 != nullptr ? argv0 : "");
+    warn_line(line);
+  }
+  return false;
+}
+
+void start(const char* argv0) noexcept {
   config::Options& o = g_options;
   config::read_options(environ, getauxval(AT_SECURE) != 0, &o, &warn_line);
   if (o.disable) {
     if (o.verbose) warn_line("mnemosyne: DISABLE is set: the system allocator serves this process");
     return;
   }
+  if (!selected(o, argv0)) return;
   const StartPlatform platform{arena::HostHeap{&__libc_malloc, &__libc_memalign},
                                "the system allocator", static_cast<long>(getpid()), "", &warn_line};
   if (!start_heap(o, platform)) return;
@@ -70,8 +94,10 @@ void warn_line(const char* line) noexcept {
 
 }  // namespace mnemosyne
 
-__attribute__((constructor(101))) static void mnemosyne_constructor() {
+// glibc calls the constructors of every object, preloaded ones included,
+// with (argc, argv, envp).
+__attribute__((constructor(101))) static void mnemosyne_constructor(int argc, char** argv, char**) {
   mnemosyne::install_fork_handling();
   mnemosyne::linux_host::resolve();
-  mnemosyne::start();
+  mnemosyne::start(argc > 0 && argv != nullptr ? argv[0] : nullptr);
 }

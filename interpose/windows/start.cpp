@@ -61,6 +61,33 @@ bool loader_lock_held() noexcept {
   return reinterpret_cast<DWORD_PTR>(lock->OwningThread) == GetCurrentThreadId();
 }
 
+// PROGRAMS: whether this process is one whose heap moves. Its names: the
+// executable's path, and the same without ".exe" (so "python" names
+// python.exe); case is ignored, as Windows does.
+bool selected(const config::Options& o) noexcept {
+  if (o.programs[0] == '\0') return true;
+  char exe[MAX_PATH * 2];
+  const DWORD n = GetModuleFileNameA(nullptr, exe, sizeof exe);
+  exe[n < sizeof exe ? n : 0] = '\0';
+  char stem[sizeof exe];
+  std::memcpy(stem, exe, sizeof exe);
+  const std::size_t len = std::strlen(stem);
+  if (len > 4 && _stricmp(stem + len - 4, ".exe") == 0) stem[len - 4] = '\0';
+  if (config::program_matches(o.programs, exe, true) ||
+      config::program_matches(o.programs, stem, true)) {
+    return true;
+  }
+  if (o.verbose) {
+    char line[1024];
+    std::snprintf(line, sizeof line,
+                  "mnemosyne: PROGRAMS=%.300s does not name %.300s: the C runtime serves this "
+                  "process",
+                  o.programs, exe);
+    warn_line(line);
+  }
+  return false;
+}
+
 void start() noexcept {
   config::Options& o = g_options;
   config::read_options(environment(), false, &o, &warn_line);
@@ -69,6 +96,9 @@ void start() noexcept {
     if (o.verbose) warn_line("mnemosyne: DISABLE is set: the C runtime serves this process");
     return;
   }
+  // Not named: the C runtime serves, and children are still injected (one of
+  // them may be named).
+  if (!selected(o)) return;
   const StartPlatform platform{arena::HostHeap{&host_heap_malloc, &host_heap_memalign},
                                "the C runtime", Os::process_id(), " (Windows DLL)", &warn_line};
   if (!start_heap(o, platform)) return;

@@ -69,6 +69,8 @@ std::string metavar_of(const config::OptionInfo& info) {
       return "MIN[:MAX]";
     case config::Type::path:
       return "PATH";
+    case config::Type::program_list:
+      return "NAME[,NAME...]";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -91,6 +93,9 @@ std::string syntax_of(const config::OptionInfo& info) {
       return "a size range MIN[:MAX] with MIN <= MAX, like 1M:64M, 4K (MIN only), :1G (MAX only)";
     case config::Type::path:
       return "a path";
+    case config::Type::program_list:
+      return "a comma-separated list of program names or globs (*, ?, [a-z]), like "
+             "python3,train*.py";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -198,6 +203,8 @@ bool check_flag_value(const Flag& flag, const std::string& value, std::string* e
         if (!parse_backend_name(lower(value), &id)) return reject(flag.syntax);
       }
       break;
+    case config::Type::program_list:
+      break;  // the library's own reader checks it below
     case config::Type::integer_or_word:
       // DEVICE=local-rank is resolved in COMMAND's environment (an MPI or
       // Slurm launcher above this one sets the rank variables).

@@ -26,6 +26,7 @@ enum Row : std::size_t {
   kShowStats,
   kStatsFile,
   kCudaDriver,
+  kPrograms,
   kDisable,
   kRowCount
 };
@@ -67,6 +68,13 @@ constexpr OptionInfo kTable[kRowCount] = {
     {"CUDA_DRIVER", Type::path, "libcuda.so.1, then libcuda.so",
      "Path of the CUDA driver library to open; ignored in set-uid/set-gid programs.",
      "MNEMOSYNE_CUDA_DRIVER=/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+    {"PROGRAMS", Type::program_list, "every program",
+     "Only processes whose program matches one of these comma-separated names or globs (*, ?, "
+     "[a-z]) move their heap; the others of the process tree keep the system allocator and never "
+     "load the driver. Matched against the executable's file name (after symlinks), the file "
+     "the process was started as (a #! script's own path) and argv[0]; an item with a / against "
+     "the whole path.",
+     "MNEMOSYNE_PROGRAMS=python3*,train.py"},
     {"DISABLE", Type::boolean, "off", "Pass every allocation straight to the system allocator.",
      "MNEMOSYNE_DISABLE=1"},
 };
@@ -80,7 +88,8 @@ static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
               row_is(kFallback, "FALLBACK") && row_is(kVerbose, "VERBOSE") &&
               row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
-              row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kDisable, "DISABLE"));
+              row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
+              row_is(kDisable, "DISABLE"));
 
 constexpr char kPrefix[] = "MNEMOSYNE_";
 constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
@@ -307,6 +316,21 @@ void Reader::apply(Row row, const Entry& e) noexcept {
     case kCudaDriver:
       path(row, e, o.cuda_driver, sizeof o.cuda_driver);
       return;
+    case kPrograms: {
+      const std::size_t len = detail::length(e.value);
+      if (!parse_program_list(e.value)) {
+        invalid(row, e,
+                "a list of program names or globs (like python3,train*.py: comma-separated, no "
+                "empty item, no blank, every [ closed)");
+      } else if (len >= sizeof o.programs) {
+        say("mnemosyne: %.*s=%.*s%s is longer than %zu bytes; using the default (%s)", e.name_len,
+            e.name, e.value_len, e.value, e.clipped, sizeof o.programs - 1,
+            kTable[row].default_text);
+      } else {
+        for (std::size_t i = 0; i <= len; ++i) o.programs[i] = e.value[i];
+      }
+      return;
+    }
     case kRowCount:
       break;
   }

@@ -31,9 +31,18 @@ struct Options {
   bool show_stats = false;                         // SHOW_STATS
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced
   char cuda_driver[512] = {};                      // CUDA_DRIVER ("" = default search)
+  char programs[512] = {};                         // PROGRAMS ("" = every program)
 };
 
-enum class Type : std::uint8_t { boolean, size, size_range, integer_or_word, choice, path };
+enum class Type : std::uint8_t {
+  boolean,
+  size,
+  size_range,
+  integer_or_word,
+  choice,
+  path,
+  program_list,
+};
 
 struct OptionInfo {
   const char* name;  // without the MNEMOSYNE_ prefix, upper case
@@ -81,6 +90,17 @@ void read_options(char* const* envp, bool secure, Options* out,
 bool parse_bool(const char* text, bool* out) noexcept;  // 1/0 true/false yes/no on/off, "" = on
 bool parse_size(const char* text, std::size_t* out) noexcept;  // 4096, 64K, 256MiB, 1g, 2TB
 bool parse_size_range(const char* text, std::size_t* min, std::size_t* max) noexcept;  // min[:max]
+
+// PROGRAMS: a comma-separated list of names or globs ('*' any run of
+// characters, '?' any one, '[a-z]', '[!x]' a set), no item empty, no blank.
+bool parse_program_list(const char* text) noexcept;
+
+// True when an item of `list` (well-formed, see parse_program_list) matches
+// `name`, one of the names a process was started by: an item without a path
+// separator is matched against name's last component, an item with one
+// against all of name. `windows`: '\\' also separates and ASCII case is
+// ignored. False for an empty name.
+bool program_matches(const char* list, const char* name, bool windows) noexcept;
 
 // The local rank from the usual MPI/Slurm variables of `envp` (names matched
 // exactly), in the order OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK,

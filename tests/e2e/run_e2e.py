@@ -923,6 +923,76 @@ def case_bad_options(tmp, backend):
     check_heap(parse_log(run.log), backend, 0)
 
 
+
+def case_programs(tmp, backend):
+    """MNEMOSYNE_PROGRAMS: in a tree of over 300 processes only the named ones
+    load the driver and move their heap; the rest run unchanged on glibc."""
+    tree = os.path.join(tmp, "tree.sh")
+    script = os.path.join(tmp, "train.py")
+    link = os.path.join(tmp, "gpu-job")
+    with open(tree, "w") as f:
+        f.write("#!/bin/sh\n"
+                "set -e\n"
+                "i=0\n"
+                "while [ $i -lt 50 ]; do\n"
+                "  /bin/true\n"
+                "  echo \"line $i\" | cat > /dev/null\n"
+                "  printf 'b\\na\\n' | sort | head -n 1\n"
+                "  i=$((i + 1))\n"
+                "done\n"
+                "/usr/bin/python3 -c 'print(sum(range(10)))'\n"
+                "\"$PROBE\" & echo $! >> \"$PIDS\"; wait $!\n"
+                "\"$LINK\" & echo $! >> \"$PIDS\"; wait $!\n"
+                "\"$SCRIPT\"\n"
+                "make -s -j2 -f \"$MAKEFILE\"\n")
+    with open(script, "w") as f:
+        f.write("#!/usr/bin/python3\n"
+                "import os, json\n"
+                "with open(os.environ['PIDS'], 'a') as f: print(os.getpid(), file=f)\n"
+                "print(len(json.dumps([{'k': i} for i in range(20000)])))\n")
+    makefile = os.path.join(tmp, "Makefile")
+    with open(makefile, "w") as f:
+        f.write("all: " + " ".join(f"t{i}" for i in range(8)) + "\n"
+                "t%:\n\t@echo $@ | tr t T > /dev/null\n")
+    os.chmod(tree, 0o755)
+    os.chmod(script, 0o755)
+    os.symlink(PROBE, link)
+
+    def run_tree(preload, programs, tag):
+        pids = os.path.join(tmp, f"pids-{tag}")
+        env = {"PROBE": PROBE, "LINK": link, "SCRIPT": script, "MAKEFILE": makefile,
+               "PIDS": pids}
+        if programs is not None:
+            env["MNEMOSYNE_PROGRAMS"] = programs
+        run = Run(tmp, backend, preload, env)
+        if os.path.exists(run.log):
+            os.unlink(run.log)
+        r = run([tree], cwd=tmp)
+        with open(pids) as f:
+            return run, r, {int(line) for line in f if line.strip()}
+
+    _, base, _ = run_tree(False, None, "base")
+    expect(base.returncode == 0, f"the tree failed without the interposer: {base.stderr[-800:]!r}")
+    run, mine, named = run_tree(True, "alloc_probe,gpu-job,train.py", "named")
+    compare(base, mine, "a tree of 300 processes under PROGRAMS")
+    events = parse_log(run.log)
+    check_heap(events, backend)
+    expect(len(named) == 3, f"expected three named pids, got {named}")
+    if backend == "host":
+        return
+    started = {e["pid"] for e in events if e["event"] == "init"}
+    allocating = {e["pid"] for e in events if e["event"] == "alloc"}
+    expect(started == named, f"the driver was started by {sorted(started)}, "
+                             f"the named processes are {sorted(named)}")
+    expect(allocating == named, f"driver memory went to {sorted(allocating)}, "
+                                f"the named processes are {sorted(named)}")
+
+    # A list naming none of them: nobody loads the driver, output unchanged.
+    run, mine, _ = run_tree(True, "no-such-program,/opt/*/train.py", "none")
+    compare(base, mine, "a tree of 300 processes under a PROGRAMS naming none")
+    expect(not parse_log(run.log), f"an unnamed process loaded the driver: "
+                                   f"{parse_log(run.log)[:3]}")
+
 # ---------------------------------------------------------------- the library itself
 
 EXPECTED_EXPORTS = {

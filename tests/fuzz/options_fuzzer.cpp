@@ -68,8 +68,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fail("a BACKEND outside the table");
   }
   if (!terminated(o.stats_file, sizeof o.stats_file) ||
-      !terminated(o.cuda_driver, sizeof o.cuda_driver)) {
+      !terminated(o.cuda_driver, sizeof o.cuda_driver) ||
+      !terminated(o.programs, sizeof o.programs)) {
     fail("a path option is not terminated");
+  }
+  if (o.programs[0] != '\0' && !config::parse_program_list(o.programs)) {
+    fail("a malformed PROGRAMS list was kept:", o.programs);
   }
   if (secure && (o.stats_file[0] != '\0' || o.cuda_driver[0] != '\0')) {
     fail("a path option was taken in a set-uid program");
@@ -90,6 +94,18 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (config::expand_stats_path(value, 12345, path, sizeof path) &&
         !terminated(path, sizeof path)) {
       fail("an expanded path is not terminated");
+    }
+    // The glob matcher over the other entries as names (a pattern only
+    // once parse_program_list accepts it, as the library does).
+    if (config::parse_program_list(value)) {
+      for (std::size_t k = 0; k < entries.size() && k < 8; ++k) {
+        config::program_matches(value, entries[k].c_str(), false);
+        config::program_matches(value, entries[k].c_str(), true);
+      }
+      if (!config::program_matches(value, value, false) &&
+          std::strpbrk(value, "*?[/,") == nullptr) {
+        fail("a plain name does not match itself:", value);
+      }
     }
   }
   config::local_rank(envp.data());

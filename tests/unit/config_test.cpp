@@ -221,6 +221,7 @@ void expect_defaults(const Options& o) {
   EXPECT_EQ(o.show_stats, d.show_stats);
   EXPECT_STREQ(o.stats_file, "");
   EXPECT_STREQ(o.cuda_driver, "");
+  EXPECT_STREQ(o.programs, "");
 }
 
 constexpr std::size_t KiB = std::size_t{1} << 10;
@@ -238,11 +239,17 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},  {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range}, {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},      {"FALLBACK", Type::choice},
-      {"VERBOSE", Type::boolean}, {"SHOW_STATS", Type::boolean},
-      {"STATS_FILE", Type::path}, {"CUDA_DRIVER", Type::path},
+      {"BACKEND", Type::choice},
+      {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},
+      {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},
+      {"FALLBACK", Type::choice},
+      {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean},
+      {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},
+      {"PROGRAMS", Type::program_list},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -428,6 +435,7 @@ TEST(ConfigRead, EveryOptionValid) {
       "MNEMOSYNE_SHOW_STATS=yes",
       "MNEMOSYNE_STATS_FILE=/tmp/stats.%p.json",
       "MNEMOSYNE_CUDA_DRIVER=/opt/libcuda.so.1",
+      "MNEMOSYNE_PROGRAMS=python3*,train.py",
       "MNEMOSYNE_DISABLE=on",
       "PATH=/usr/bin",
   });
@@ -445,6 +453,7 @@ TEST(ConfigRead, EveryOptionValid) {
   EXPECT_TRUE(o.show_stats);
   EXPECT_STREQ(o.stats_file, "/tmp/stats.%p.json");
   EXPECT_STREQ(o.cuda_driver, "/opt/libcuda.so.1");
+  EXPECT_STREQ(o.programs, "python3*,train.py");
   EXPECT_TRUE(o.disable);
 }
 
@@ -588,6 +597,85 @@ TEST(ConfigRead, LongValuesAreClippedInWarnings) {
   EXPECT_TRUE(contains(g_lines[0], "unknown option"));
 }
 
+// ---------------------------------------------------------------- PROGRAMS
+
+TEST(ConfigPrograms, ListSyntax) {
+  for (const char* t :
+       {"python3", "python3*,train.py", "a?c", "[a-z]*", "[!x]y", "[]x]", "/usr/bin/*", "*"}) {
+    EXPECT_TRUE(parse_program_list(t)) << t;
+  }
+  for (const char* t : {"", ",", "a,", ",a", "a,,b", "a b", "[abc", "x[", "[!]"}) {
+    EXPECT_FALSE(parse_program_list(t)) << t;
+  }
+}
+
+TEST(ConfigPrograms, NamesAndGlobs) {
+  struct Case {
+    const char* list;
+    const char* name;
+    bool hit;
+  } cases[] = {
+      {"python3", "/usr/bin/python3", true},
+      {"python3", "/usr/bin/python3.11", false},
+      {"python3*", "/usr/bin/python3.11", true},
+      {"python3", "python3", true},
+      {"sort,python3", "/usr/bin/python3", true},
+      {"sort,xz", "/usr/bin/python3", false},
+      {"train.py", "/home/u/job/train.py", true},
+      {"train*.py", "./train_big.py", true},
+      {"train*.py", "./train_big.pyc", false},
+      {"?z", "/usr/bin/xz", true},
+      {"?z", "/usr/bin/xzz", false},
+      {"[a-c]at", "/bin/cat", true},
+      {"[!c]at", "/bin/cat", false},
+      {"[]x]", "]", true},
+      {"*a*b*c", "xxaxxbxxbxc", true},
+      {"*a*b*c", "xxaxxbxxbxcx", false},
+      {"/usr/bin/*", "/usr/bin/python3", true},
+      {"/usr/bin/*", "python3", false},
+      {"/usr/*/python3", "/usr/local/bin/python3", true},  // '*' crosses '/'
+      {"bin/python3", "/usr/bin/python3", false},          // with a '/', the whole path
+      {"*/bin/python3", "/usr/bin/python3", true},
+      {"Python3", "/usr/bin/python3", false},  // Linux names keep their case
+      {"python3", "", false},
+      {"python3", "/usr/bin/", false},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(program_matches(c.list, c.name, false), c.hit) << c.list << " ~ " << c.name;
+  }
+  EXPECT_FALSE(program_matches("python3", nullptr, false));
+}
+
+TEST(ConfigPrograms, WindowsNames) {
+  EXPECT_TRUE(program_matches("python.exe", "C:\\Python\\PYTHON.EXE", true));
+  EXPECT_TRUE(program_matches("py*", "C:\\Python\\Python.exe", true));
+  EXPECT_TRUE(program_matches("c:\\python\\*", "C:\\Python\\python.exe", true));
+  EXPECT_TRUE(program_matches("python.exe", "C:/Python/python.exe", true));
+  EXPECT_FALSE(program_matches("python.exe", "C:\\Python\\python.exe", false) &&
+               !program_matches("python.exe", "C:\\Python\\python.exe", true));
+  EXPECT_FALSE(program_matches("node.exe", "C:\\Python\\python.exe", true));
+}
+
+TEST(ConfigPrograms, ReadAndWarnings) {
+  EXPECT_STREQ(read({"MNEMOSYNE_PROGRAMS=gcc,cc1*"}).programs, "gcc,cc1*");
+  EXPECT_TRUE(g_lines.empty());
+  for (const char* bad : {"MNEMOSYNE_PROGRAMS=", "MNEMOSYNE_PROGRAMS=a,,b",
+                          "MNEMOSYNE_PROGRAMS=python3 gcc", "MNEMOSYNE_PROGRAMS=[ab"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_STREQ(read({bad}).programs, "");
+    ASSERT_EQ(g_lines.size(), 1u);
+    EXPECT_TRUE(contains(g_lines[0], "is not a list of program names or globs")) << g_lines[0];
+    EXPECT_TRUE(contains(g_lines[0], "using the default (every program)")) << g_lines[0];
+  }
+  const std::string long_list(600, 'p');
+  EXPECT_STREQ(read({"MNEMOSYNE_PROGRAMS=" + long_list}).programs, "");
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_TRUE(contains(g_lines[0], "is longer than 511 bytes")) << g_lines[0];
+  // Not a file or a library: kept in set-uid programs.
+  EXPECT_STREQ(read({"MNEMOSYNE_PROGRAMS=su"}, true).programs, "su");
+  EXPECT_TRUE(g_lines.empty());
+}
+
 TEST(ConfigRead, PathsTooLongKeepTheDefault) {
   const std::string path = "/" + std::string(511, 'p');  // 512 bytes: one too many
   const Options o = read({"MNEMOSYNE_STATS_FILE=" + path, "MNEMOSYNE_CUDA_DRIVER=" + path});
@@ -598,7 +686,8 @@ TEST(ConfigRead, PathsTooLongKeepTheDefault) {
     EXPECT_TRUE(contains(line, "is longer than 511 bytes")) << line;
     EXPECT_TRUE(contains(line, "default")) << line;
   }
-  const std::string fits = "/" + std::string(510, 'p');  // 511 bytes
+  std::string fits(511, 'p');  // 511 bytes
+  fits[0] = '/';
   EXPECT_EQ(read({"MNEMOSYNE_STATS_FILE=" + fits}).stats_file, fits);
   EXPECT_TRUE(g_lines.empty());
   EXPECT_STREQ(read({"MNEMOSYNE_STATS_FILE="}).stats_file, "");
@@ -613,7 +702,7 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
             "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, VERBOSE, SHOW_STATS, STATS_FILE, "
-            "CUDA_DRIVER, DISABLE");
+            "CUDA_DRIVER, PROGRAMS, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];
   EXPECT_TRUE(contains(g_lines[3], "unknown option MNEMOSYNE_TEST=1")) << g_lines[3];
@@ -832,11 +921,12 @@ TEST(ConfigNoAllocation, ReadOptionsNeverAllocates) {
            "MNEMOSYNE_ARENA_SIZE=1M", "MNEMOSYNE_LIMIT=" + long_value, "MNEMOSYNE_FALLBACK=x",
            "MNEMOSYNE_VERBOSE=maybe", "MNEMOSYNE_SHOW_STATS=", "MNEMOSYNE_STATS_FILE=/tmp/%p",
            "MNEMOSYNE_CUDA_DRIVER=/tmp/" + long_value, "MNEMOSYNE_DISABLE=0",
-           "mnemosyne_backend=host", "MNEMOSYNE_BAKEND=1", "MNEMOSYNE_TEST_X=1", "NOEQUALS",
-           "SLURM_LOCALID=3"});
+           "MNEMOSYNE_PROGRAMS=" + long_value, "mnemosyne_backend=host", "MNEMOSYNE_BAKEND=1",
+           "MNEMOSYNE_TEST_X=1", "NOEQUALS", "SLURM_LOCALID=3"});
   Env bad({"MNEMOSYNE_BACKEND=cuda", "MNEMOSYNE_DEVICE=1024", "MNEMOSYNE_DEVICE=local-rank",
            "MNEMOSYNE_SIZE=1M:64M", "MNEMOSYNE_ARENA_SIZE=12Q", "MNEMOSYNE_LIMIT=1G",
-           "MNEMOSYNE_FALLBACK=fail", "MNEMOSYNE_STATS_FILE=/tmp/" + long_value});
+           "MNEMOSYNE_FALLBACK=fail", "MNEMOSYNE_STATS_FILE=/tmp/" + long_value,
+           "MNEMOSYNE_PROGRAMS=[x,,y"});
   Env local({"MNEMOSYNE_DEVICE=local-rank"});
   Options a, b, c, d;
   char path[64];
@@ -870,7 +960,9 @@ TEST(ConfigNoAllocation, ReadOptionsNeverAllocates) {
   const int rank = local_rank(env.envp());
   const bool expanded = expand_stats_path("/tmp/s.%p.%%.json", 99, path, sizeof path);
   const bool parsed = parse_size("256MiB", &sz) && parse_size_range("4K:1G", &lo, &hi) &&
-                      parse_bool("on", &flag) && !parse_size("1.5G", &sz);
+                      parse_bool("on", &flag) && !parse_size("1.5G", &sz) &&
+                      program_matches("a*,python3*", "/usr/bin/python3.11", false) &&
+                      !program_matches("[a-c]?", "dz", true);
   std::size_t count = 0;
   const OptionInfo* table = option_table(&count);
   const long allocations = stop_counting();

@@ -294,6 +294,34 @@ def case_disable(wine, a):
     record("disable", ok, f"rc={rc} err={err[:200]}")
 
 
+def case_programs(wine, a):
+    """--programs: in a tree of cmd.exe processes around the harness, only
+    the harness (and its children, the same program) load the driver."""
+    name = os.path.splitext(os.path.basename(a.harness))[0].upper()  # no .exe, other case
+    argv = ["cmd.exe", "/c", f"cmd /c echo one & {winpath(a.harness)} & cmd /c echo two"]
+    problems = []
+    native_rc, native_out, _ = wine.run(argv)
+    for programs, want_pids in ((name, 3), ("no-such-program,C:\\*\\x.exe", 0)):
+        log = os.path.join(wine.work, f"programs-{want_pids}.log")
+        rc, out, err = wine.run([a.injector, "--backend=unified",
+                                 f"--cuda-driver={winpath(a.driver)}", f"--programs={programs}",
+                                 "--"] + argv, {"FAKECUDA_LOG": winpath(log)})
+        if rc != native_rc or plain_lines(out) != plain_lines(native_out) or \
+                "harness: ok" not in out or err.strip():
+            problems.append(f"{programs}: rc={rc} vs {native_rc}, output {plain_lines(out)[:6]} "
+                            f"vs {plain_lines(native_out)[:6]}, stderr {err.strip()[:200]!r}")
+        logged = set()
+        if os.path.exists(log):
+            with open(log) as f:
+                logged = {line.split()[0] for line in f if line.strip()}
+        served = {pid for pid, r in driver_allocations(log).items() if r}
+        if len(logged) != want_pids or len(served) != want_pids:
+            problems.append(f"{programs}: {len(logged)} process(es) loaded the driver and "
+                            f"{len(served)} took memory from it; expected {want_pids} (the "
+                            "harness and its two children, never cmd.exe)")
+    record("programs", not problems, "; ".join(problems))
+
+
 def case_stats(wine, a):
     path = os.path.join(wine.work, "stats-%p.json")
     rc, out, err = wine.run([a.injector, "--backend=unified", f"--cuda-driver={winpath(a.driver)}",
@@ -425,6 +453,7 @@ def main():
             ("crash", lambda: case_init_crash(wine, a)),
             ("options", lambda: case_bad_options(wine, a)),
             ("disable", lambda: case_disable(wine, a)),
+            ("programs", lambda: case_programs(wine, a)),
             ("stats", lambda: case_stats(wine, a)),
             ("errors", lambda: case_injector_errors(wine, a)),
         ]
