@@ -1,10 +1,32 @@
 // The work of the C++ allocation functions (new_delete.cpp exports them).
 // Failure follows the standard: call the new-handler and retry while there
 // is one, else throw std::bad_alloc (nothrow forms: return null).
+//
+// The handler and the exception are the process's own C++ runtime's, found
+// in the libstdc++ (or libc++) that is loaded: std::get_new_handler (the
+// handler the program set with std::set_new_handler) and
+// std::__throw_bad_alloc. A nothrow form with a handler set is handed to the
+// runtime's own nothrow operator new, which calls the throwing form (ours,
+// through the global symbol) and catches what the handler throws.
+//
+// Why not link them: the library would then load libstdc++ into every
+// process it is preloaded in, C programs included, whose relocation alone
+// costs /bin/true 1.6 million instructions; and a private get_new_handler
+// (mimalloc's C sources define a weak one that returns null) never sees the
+// handler the program set. A process that calls operator new has a C++
+// runtime loaded, perhaps RTLD_LOCAL (a Python extension): it is found by
+// name with RTLD_NOLOAD, not in the global scope. Not the runtime's aligned
+// operator new either: libstdc++ 12 rounds the size up to the alignment
+// without an overflow check, so a request near SIZE_MAX gets a tiny block.
 #include "cxx_alloc.hpp"
 
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
 #include <cstdlib>
-#include <new>
+#include <iterator>
 
 #include "api_names.hpp"
 
@@ -14,42 +36,101 @@ extern "C" int MNEMOSYNE_API(posix_memalign)(void** out, std::size_t alignment,
 #endif
 
 namespace mnemosyne::cxx {
+namespace {
+
+// What is used of the runtime, by its names in libstdc++ and in libc++.
+enum Piece : int { kGetHandler, kThrowBadAlloc, kNothrow, kAlignedNothrow, kPieceCount };
+constexpr const char* kRuntimes[] = {"libstdc++.so.6", "libc++.so.1"};
+constexpr const char* kSymbols[kPieceCount][2] = {
+    {"_ZSt15get_new_handlerv", "_ZSt15get_new_handlerv"},
+    {"_ZSt17__throw_bad_allocv", "_ZNSt3__117__throw_bad_allocEv"},
+    {"_ZnwmRKSt9nothrow_t", "_ZnwmRKSt9nothrow_t"},
+    {"_ZnwmSt11align_val_tRKSt9nothrow_t", "_ZnwmSt11align_val_tRKSt9nothrow_t"},
+};
+
+constinit std::atomic<void*> g_pieces[kPieceCount] = {};
+constinit std::atomic<bool> g_resolved{false};
+
+// The runtime's `piece`, or nullptr when no C++ runtime is loaded. Looked
+// up on the first failed allocation; again later while none is found.
+void* runtime(Piece piece) noexcept {
+  if (!g_resolved.load(std::memory_order_acquire)) {
+    for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
+      void* lib = dlopen(kRuntimes[r], RTLD_LAZY | RTLD_NOLOAD);
+      if (lib == nullptr) continue;
+      for (int i = 0; i < kPieceCount; ++i) {
+        g_pieces[i].store(dlsym(lib, kSymbols[i][r]), std::memory_order_relaxed);
+      }
+      dlclose(lib);  // only the reference RTLD_NOLOAD took: the runtime stays
+      g_resolved.store(true, std::memory_order_release);
+      break;
+    }
+  }
+  return g_pieces[piece].load(std::memory_order_relaxed);
+}
+
+std::new_handler new_handler() noexcept {
+  void* fn = runtime(kGetHandler);
+  return fn != nullptr ? reinterpret_cast<std::new_handler (*)() noexcept>(fn)() : nullptr;
+}
+
+[[noreturn]] void throw_bad_alloc(std::size_t size) {
+  if (void* fn = runtime(kThrowBadAlloc)) reinterpret_cast<void (*)()>(fn)();
+  char line[256];
+  const int n = std::snprintf(line, sizeof line,
+                              "mnemosyne: operator new(%zu) failed and no C++ runtime "
+                              "(libstdc++.so.6, libc++.so.1) is loaded to throw "
+                              "std::bad_alloc; aborting\n",
+                              size);
+  if (n > 0) (void)!write(STDERR_FILENO, line, static_cast<std::size_t>(n));
+  std::abort();
+}
+
+void* aligned_attempt(std::size_t size, std::align_val_t alignment) noexcept {
+  const auto align = static_cast<std::size_t>(alignment);
+  void* p = nullptr;
+  return MNEMOSYNE_API(posix_memalign)(&p, align < sizeof(void*) ? sizeof(void*) : align, size) == 0
+             ? p
+             : nullptr;
+}
+
+// Not std::nothrow: that object lives in libstdc++. The argument is a tag.
+constexpr std::nothrow_t kNothrowTag{};
+
+}  // namespace
 
 void* allocate_failed(std::size_t size) {
   for (;;) {
-    std::new_handler handler = std::get_new_handler();
-    if (handler == nullptr) throw std::bad_alloc();
+    const std::new_handler handler = new_handler();
+    if (handler == nullptr) throw_bad_alloc(size);
     handler();
     if (void* p = fast_malloc(size)) return p;
   }
 }
 
 void* allocate_aligned(std::size_t size, std::align_val_t alignment) {
-  const auto align = static_cast<std::size_t>(alignment);
   for (;;) {
-    void* p = nullptr;
-    if (MNEMOSYNE_API(posix_memalign)(&p, align < sizeof(void*) ? sizeof(void*) : align, size) == 0)
-      return p;
-    std::new_handler handler = std::get_new_handler();
-    if (handler == nullptr) throw std::bad_alloc();
+    if (void* p = aligned_attempt(size, alignment)) return p;
+    const std::new_handler handler = new_handler();
+    if (handler == nullptr) throw_bad_alloc(size);
     handler();
   }
 }
 
+// With a handler set, what it throws must become nullptr: the runtime's
+// nothrow form catches it (this library is built without exceptions).
 void* allocate_nothrow(std::size_t size) noexcept {
-  try {
-    return allocate(size);
-  } catch (...) {
-    return nullptr;
-  }
+  if (void* p = fast_malloc(size)) return p;
+  if (new_handler() == nullptr) return nullptr;
+  using Fn = void* (*)(std::size_t, const std::nothrow_t&) noexcept;
+  return reinterpret_cast<Fn>(runtime(kNothrow))(size, kNothrowTag);
 }
 
 void* allocate_aligned_nothrow(std::size_t size, std::align_val_t alignment) noexcept {
-  try {
-    return allocate_aligned(size, alignment);
-  } catch (...) {
-    return nullptr;
-  }
+  if (void* p = aligned_attempt(size, alignment)) return p;
+  if (new_handler() == nullptr) return nullptr;
+  using Fn = void* (*)(std::size_t, std::align_val_t, const std::nothrow_t&) noexcept;
+  return reinterpret_cast<Fn>(runtime(kAlignedNothrow))(size, alignment, kNothrowTag);
 }
 
 }  // namespace mnemosyne::cxx

@@ -32,8 +32,7 @@ inline bool is_power_of_two(std::size_t n) noexcept {
 }
 
 std::size_t page_size() noexcept {
-  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  return page;
+  return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));  // glibc keeps it: no system call
 }
 
 // ---- Mode::managed helpers: routing and counting

@@ -83,8 +83,7 @@ constinit bool g_child_complete = true;  // in the child: every segment was rest
 constinit bool g_in_forked_child = false;
 
 std::size_t page_size() noexcept {
-  static const std::size_t page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
-  return page;
+  return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));  // glibc keeps it: no system call
 }
 
 bool inherited(BackendId id) noexcept {

@@ -13,8 +13,7 @@ namespace {
 std::atomic<bool> g_forked_child{false};
 
 std::size_t page_size() noexcept {
-  static const std::size_t page = Os::page_size();
-  return page;
+  return Os::page_size();
 }
 
 }  // namespace

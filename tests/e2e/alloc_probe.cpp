@@ -38,6 +38,56 @@ void check(bool ok, const char* what) {
   if (!ok) ++g_failures;
 }
 
+// std::set_new_handler: the handler the program installs is the one called,
+// by every form of operator new, until it uninstalls itself; nothrow forms
+// turn what it throws into null.
+int g_handler_calls = 0;
+void handler_three_times() {
+  if (++g_handler_calls == 3) std::set_new_handler(nullptr);
+}
+void handler_throws() {
+  ++g_handler_calls;
+  throw std::bad_alloc();
+}
+
+void new_handler_checks(size_t impossible) {
+  const std::align_val_t al{64};
+  bool threw = false;
+  g_handler_calls = 0;
+  std::set_new_handler(handler_three_times);
+  try {
+    (void)!new char[impossible];
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  check(threw && g_handler_calls == 3, "new calls the program's new-handler, then throws");
+  threw = false;
+  g_handler_calls = 0;
+  std::set_new_handler(handler_three_times);
+  try {
+    (void)!::operator new(impossible, al);
+  } catch (const std::bad_alloc&) {
+    threw = true;
+  }
+  check(threw && g_handler_calls == 3, "aligned new calls the new-handler, then throws");
+  g_handler_calls = 0;
+  std::set_new_handler(handler_three_times);
+  check(new (std::nothrow) char[impossible] == nullptr&& g_handler_calls == 3,
+        "nothrow new calls the new-handler, then returns null");
+  g_handler_calls = 0;
+  std::set_new_handler(handler_three_times);
+  check(::operator new(impossible, al, std::nothrow) == nullptr&& g_handler_calls == 3,
+        "aligned nothrow new calls the new-handler, then returns null");
+  g_handler_calls = 0;
+  std::set_new_handler(handler_throws);
+  check(new (std::nothrow) char[impossible] == nullptr&& g_handler_calls == 1,
+        "nothrow new returns null when the new-handler throws");
+  g_handler_calls = 0;
+  check(::operator new(impossible, al, std::nothrow) == nullptr&& g_handler_calls == 1,
+        "aligned nothrow new returns null when the handler throws");
+  std::set_new_handler(nullptr);
+}
+
 bool aligned_to(const void* p, size_t a) {
   return (reinterpret_cast<uintptr_t>(p) % a) == 0;
 }
@@ -140,6 +190,7 @@ void semantics() {
   check(threw, "operator new of an impossible size throws std::bad_alloc");
   volatile size_t impossible = SIZE_MAX / 4;
   check(new (std::nothrow) char[impossible] == nullptr, "nothrow new returns null");
+  new_handler_checks(impossible);
 
   void* big = malloc(size_t{300} << 20);
   check(big != nullptr, "malloc of 300 MiB");

@@ -1025,6 +1025,9 @@ def case_exports(tmp, backend):
     expect(needed, "readelf found no NEEDED entries")
     expect(not any("cuda" in n or "mimalloc" in n for n in needed),
            f"the library links {needed}")
+    # No C++ runtime: loading libstdc++ would cost every process, C programs
+    # too, a millisecond (cxx_alloc.cpp finds the program's own when needed).
+    expect(not any("stdc++" in n or "c++" in n for n in needed), f"the library links {needed}")
     for tool in (LAUNCHER,):
         dyn = subprocess.run(["readelf", "-d", tool], capture_output=True, text=True).stdout
         expect("libcuda" not in dyn and "mimalloc" not in dyn, f"{tool} links libcuda/mimalloc")
