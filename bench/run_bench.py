@@ -118,6 +118,38 @@ def run_measured(argv, env, log, work):
     return wall, cpu, rss, p.returncode, p.stderr, calls
 
 
+def startup(allocs, base_env, build, fake, runs, quick):
+    """What starting a process costs under each allocator: /bin/true spawned
+    from this (unpreloaded) script, N times in a row, interleaved; the
+    median per process, and callgrind's count for one. mnemosyne-unnamed is
+    the unified backend in a process MNEMOSYNE_PROGRAMS does not name: what
+    each other process of a tree pays."""
+    lib = os.path.join(build, "interpose", "libmnemosyne.so")
+    configs = [(name, extra) for name, extra in allocs if name != "naive"]
+    configs.append(("mnemosyne-unnamed", {"LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "unified",
+                                          "MNEMOSYNE_CUDA_DRIVER": fake,
+                                          "MNEMOSYNE_PROGRAMS": "no-such-program"}))
+    n = 50 if quick else 300
+    per = {name: [] for name, _ in configs}
+    for _ in range(runs):
+        for name, extra in configs:
+            env = {**base_env, **extra}
+            start = time.perf_counter()
+            for _ in range(n):
+                subprocess.run(["/bin/true"], env=env, check=True)
+            per[name].append((time.perf_counter() - start) / n)
+    rows = []
+    for name, extra in configs:
+        rows.append({"allocator": name, "ms": statistics.median(per[name]) * 1000,
+                     "instructions": instructions(["/bin/true"], {**base_env, **extra})})
+    glibc = rows[0]["ms"]
+    for r in rows:
+        r["extra_ms"] = r["ms"] - glibc
+    line = "  ".join(f"{r['allocator']} {r['ms']:.2f} ms" for r in rows)
+    print(f"startup (/bin/true): {line}", flush=True)
+    return rows, n
+
+
 def instructions(argv, env):
     """Instructions of the whole process, counted by callgrind."""
     p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv,
@@ -207,9 +239,12 @@ def main():
             rows.append(row)
         line = "  ".join(f"{r['allocator']} {r['wall_s']:.3f}s" for r in rows if r["workload"] == name)
         print(f"{name}: {line}", flush=True)
+    starts = None
+    if not a.only or "startup" in a.only.split(","):
+        starts = startup(allocs, base_env, build, fake, runs, a.quick)
     elapsed = time.monotonic() - started
     shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, rows, runs, a.quick, elapsed)
+    write_results(a.out, rows, runs, a.quick, elapsed, starts)
     if failures:
         print(f"bench: {failures} run(s) failed (above); their rows are missing")
     return 1 if failures else 0
@@ -223,7 +258,7 @@ def ratio(rows, name, alloc, key):
     return float(mine[0][key]) / float(base[0][key])
 
 
-def write_results(out, rows, runs, quick, elapsed):
+def write_results(out, rows, runs, quick, elapsed, starts):
     os.makedirs(out, exist_ok=True)
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
               "driver_allocations", "instructions"]
@@ -270,6 +305,20 @@ def write_results(out, rows, runs, quick, elapsed):
     if calls:
         md += ["Driver allocations (test double) per run, mnemosyne-unified: " +
                ", ".join(f"{r['workload']} {r['driver_allocations']}" for r in calls) + ".", ""]
+    if starts:
+        start_rows, n = starts
+        md += ["## Start-up: /bin/true", "",
+               f"Median per process of {n} spawned in a row; instructions of one (callgrind).", "",
+               "| allocator | per process | over glibc | instructions |", "|---|---|---|---|"]
+        for r in start_rows:
+            count = f"{r['instructions']:,}" if r["instructions"] else "-"
+            md.append(f"| {r['allocator']} | {r['ms']:.2f} ms | {r['extra_ms']:+.2f} ms | {count} |")
+        md.append("")
+        with open(os.path.join(out, "startup.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["allocator", "ms", "extra_ms", "instructions"])
+            w.writeheader()
+            for r in start_rows:
+                w.writerow({**r, "ms": f"{r['ms']:.3f}", "extra_ms": f"{r['extra_ms']:.3f}"})
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     plot(out, rows, names, others, today)

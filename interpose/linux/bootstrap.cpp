@@ -19,6 +19,7 @@
 
 #include "arena/arena.hpp"
 #include "common/start_report.hpp"
+#include "cxx_alloc.hpp"
 #include "fork.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
@@ -99,5 +100,6 @@ void warn_line(const char* line) noexcept {
 __attribute__((constructor(101))) static void mnemosyne_constructor(int argc, char** argv, char**) {
   mnemosyne::install_fork_handling();
   mnemosyne::linux_host::resolve();
+  mnemosyne::cxx::resolve_runtime();
   mnemosyne::start(argc > 0 && argv != nullptr ? argv[0] : nullptr);
 }

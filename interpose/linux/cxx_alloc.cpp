@@ -51,9 +51,9 @@ constexpr const char* kSymbols[kPieceCount][2] = {
 constinit std::atomic<void*> g_pieces[kPieceCount] = {};
 constinit std::atomic<bool> g_resolved{false};
 
-// The runtime's `piece`, or nullptr when no C++ runtime is loaded. Looked
-// up on the first failed allocation; again later while none is found.
-void* runtime(Piece piece) noexcept {
+// Looks the runtime up (dlopen and dlsym allocate: at start, or on a
+// failure, when malloc may fail them too).
+void resolve() noexcept {
   if (!g_resolved.load(std::memory_order_acquire)) {
     for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
       void* lib = dlopen(kRuntimes[r], RTLD_LAZY | RTLD_NOLOAD);
@@ -66,6 +66,13 @@ void* runtime(Piece piece) noexcept {
       break;
     }
   }
+}
+
+// The runtime's `piece`, or nullptr when no C++ runtime is loaded. Found at
+// start (a program linked with libstdc++ has it loaded by then), else on
+// the first failed allocation, and again later while none is found.
+void* runtime(Piece piece) noexcept {
+  resolve();
   return g_pieces[piece].load(std::memory_order_relaxed);
 }
 
@@ -98,6 +105,10 @@ void* aligned_attempt(std::size_t size, std::align_val_t alignment) noexcept {
 constexpr std::nothrow_t kNothrowTag{};
 
 }  // namespace
+
+void resolve_runtime() noexcept {
+  resolve();
+}
 
 void* allocate_failed(std::size_t size) {
   for (;;) {

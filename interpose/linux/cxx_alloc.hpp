@@ -8,6 +8,10 @@
 
 namespace mnemosyne::cxx {
 
+// Finds the process's C++ runtime, if one is loaded yet (cxx_alloc.cpp):
+// from the constructor, while dlopen may still allocate.
+void resolve_runtime() noexcept;
+
 // After a failed attempt: the new-handler loop, then std::bad_alloc.
 [[gnu::noinline]] void* allocate_failed(std::size_t size);
 

@@ -36,6 +36,7 @@ ALL_FLAGS = [
     ("--stats-file", STATS_DIR + "/s.%p.json", "MNEMOSYNE_STATS_FILE",
      STATS_DIR + "/s.%p.json"),
     ("--cuda-driver", FAKE, "MNEMOSYNE_CUDA_DRIVER", FAKE),
+    ("--programs", "python3*,train.py", "MNEMOSYNE_PROGRAMS", "python3*,train.py"),
     ("--disable", None, "MNEMOSYNE_DISABLE", "1"),
 ]
 
@@ -211,6 +212,8 @@ class RunTests(Base):
             (["--stats-file="], ["--stats-file"]),
             (["--stats-file", "/nonexistent-dir/x.json"], ["/nonexistent-dir"]),
             (["--cuda-driver", "/nonexistent/libcuda.so.1"], ["/nonexistent/libcuda.so.1"]),
+            (["--programs=python3,,gcc"], ["--programs=python3,,gcc", "no empty item"]),
+            (["--programs", "[ab"], ["--programs=[ab", "every [ closed"]),
             (["--no-such-flag"], ["--no-such-flag"]),
             (["-z"], ["-z"]),
         ]
