@@ -140,6 +140,14 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
 
 void* malloc_slow(std::size_t size) noexcept {
   const Mode mode = settled_mode();
+  if (mode == Mode::managed && !g_policy.routing) {  // counting: mimalloc's block, then its count
+    void* p = mi_malloc(size);
+    if (__builtin_expect(p != nullptr, 1)) {
+      const std::uint8_t tag = owner_tag(p);
+      stats::count_alloc(pool_of_tag(tag), size, mi_usable_size(p));
+      return p;
+    }
+  }
   if (mode == Mode::arena) {  // mimalloc returned NULL (or the mode was held): grow, or fall back
     void* p = arena::alloc_slow(size, 0, false);
     return p != nullptr ? p : nomem();
@@ -155,7 +163,14 @@ void free_slow(void* ptr, std::uint8_t tag) noexcept {
     wait_while_held();
     checks = g_free_checks.load(std::memory_order_relaxed);
   }
-  if ((checks & kFreeCounting) != 0) count_release(ptr, tag);
+  if ((checks & kFreeCounting) != 0) {
+    if (__builtin_expect((tag & kOwnerArena) != 0, 1)) {  // the common case, in one piece
+      stats::count_free(stats::pool_of(owner_backend(tag)), mi_usable_size(ptr));
+      mi_free(ptr);
+      return;
+    }
+    count_release(ptr, tag);
+  }
   if (tag != 0) {
     arena::free(ptr, tag);
   } else {

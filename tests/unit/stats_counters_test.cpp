@@ -1,0 +1,62 @@
+// src/stats/counters: what threads count adds up exactly in totals(), and
+// the peak tracks the live bytes to within the publishing step per thread.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "stats/counters.hpp"
+
+namespace mnemosyne::stats {
+namespace {
+
+constexpr int kPool = 3;  // a backend's pool, not the system one
+
+PoolTotals pool_totals(int pool) {
+  PoolTotals all[kPools];
+  totals(all);
+  return all[pool];
+}
+
+TEST(StatsCounters, ThreadsAddUpExactly) {
+  const PoolTotals before = pool_totals(kPool);
+  constexpr int kThreads = 8;
+  constexpr int kOps = 20000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      for (int i = 0; i < kOps; ++i) {
+        count_alloc(kPool, 100 + t, 112);
+        if (i % 2 == 0) count_free(kPool, 112);  // half stay live
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const PoolTotals after = pool_totals(kPool);
+  EXPECT_EQ(after.allocations - before.allocations, std::uint64_t{kThreads} * kOps);
+  EXPECT_EQ(after.frees - before.frees, std::uint64_t{kThreads} * kOps / 2);
+  std::uint64_t requested = 0;
+  for (int t = 0; t < kThreads; ++t) requested += std::uint64_t{kOps} * (100 + t);
+  EXPECT_EQ(after.bytes_requested - before.bytes_requested, requested);
+  const std::int64_t live = std::int64_t{kThreads} * kOps / 2 * 112;
+  EXPECT_EQ(after.bytes_live - before.bytes_live, live);
+  // Every thread kept allocating: the peak reached the final live total.
+  EXPECT_GE(after.bytes_peak, static_cast<std::uint64_t>(after.bytes_live));
+}
+
+TEST(StatsCounters, PeakSurvivesFrees) {
+  constexpr int kPeakPool = 4;
+  std::thread([] {
+    for (int i = 0; i < 1000; ++i) count_alloc(kPeakPool, 4096, 4096);  // 4 MiB live
+    for (int i = 0; i < 1000; ++i) count_free(kPeakPool, 4096);
+  }).join();
+  const PoolTotals t = pool_totals(kPeakPool);
+  EXPECT_EQ(t.bytes_live, 0);
+  // Published every 64 KiB of change: exact to within one step.
+  EXPECT_GE(t.bytes_peak, std::uint64_t{1000} * 4096 - 64 * 1024);
+  EXPECT_LE(t.bytes_peak, std::uint64_t{1000} * 4096);
+}
+
+}  // namespace
+}  // namespace mnemosyne::stats
