@@ -118,6 +118,12 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     FAKECUDA_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     FAKECUDA_PROC("cuMemcpyDtoH", 2000, cuMemcpyDtoH),
+    FAKECUDA_PROC("cuModuleLoadData", 2000, cuModuleLoadData),
+    FAKECUDA_PROC("cuModuleGetFunction", 2000, cuModuleGetFunction),
+    FAKECUDA_PROC("cuModuleUnload", 2000, cuModuleUnload),
+    FAKECUDA_PROC("cuLaunchKernel", 4000, cuLaunchKernel),
+    FAKECUDA_PROC("cuCtxSynchronize", 2000, cuCtxSynchronize),
+    FAKECUDA_PROC("cuMemGetInfo", 3020, cuMemGetInfo_v2),
     FAKECUDA_PROC("cuGetErrorName", 6000, cuGetErrorName),
     FAKECUDA_PROC("cuGetErrorString", 6000, cuGetErrorString),
 };

@@ -403,6 +403,7 @@ constexpr ErrorText kErrors[] = {
     FAKECUDA_ERR(CUDA_ERROR_NOT_FOUND, "named symbol not found"),
     FAKECUDA_ERR(CUDA_ERROR_NOT_READY, "device not ready"),
     FAKECUDA_ERR(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered"),
+    FAKECUDA_ERR(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid"),
     FAKECUDA_ERR(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context is already active"),
     FAKECUDA_ERR(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed"),
     FAKECUDA_ERR(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory is already registered"),

@@ -397,6 +397,120 @@ FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size
   return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------- kernels
+//
+// The double runs one kernel, the GPU probe's (tests/gpu/gpu_probe.cpp):
+// any module whose PTX text declares ".entry mnemosyne_probe_add" provides
+// mnemosyne_probe_add(int* data, unsigned n, int delta), data[i] += delta for
+// every launched thread i < n. Its pointer must lie in one block the driver
+// handed out (managed, or pinned host memory, which is device-mapped), or
+// anywhere when FAKECUDA_PAGEABLE=1 (a system with pageable memory access);
+// otherwise the launch faults as a GPU would: it returns success, and the
+// context's error, CUDA_ERROR_ILLEGAL_ADDRESS, is sticky from the next call
+// on. The "device" writes are the CPU's; managed pages that were moved to the
+// device come back through the residency fault handler.
+
+namespace {
+
+constexpr char kProbeEntry[] = "mnemosyne_probe_add";
+struct Module {
+  std::uint64_t magic;
+};
+constexpr std::uint64_t kModuleMagic = 0x6d6e656d6f4d6f64ull;  // "mnemoMod"
+Module g_module{kModuleMagic};  // one module handle serves every load
+int g_function = 0;             // the probe kernel's handle is &g_function
+std::atomic<int> g_sticky{0};   // CUDA_ERROR_ILLEGAL_ADDRESS once a launch faulted
+
+CUresult sticky(const char* call) noexcept {
+  const int e = g_sticky.load();
+  return e != 0 ? fail(call, static_cast<CUresult>(e)) : CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FAKECUDA_API CUresult cuModuleLoadData(CUmodule* module, const void* image) {
+  static const char kCall[] = "cuModuleLoadData";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = sticky(kCall); rc != CUDA_SUCCESS) return rc;
+  if (module == nullptr || image == nullptr) return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  if (current_ctx() == nullptr) return fail(kCall, CUDA_ERROR_INVALID_CONTEXT);
+  const char* text = static_cast<const char*>(image);
+  if (strstr(text, ".entry") == nullptr) return fail(kCall, CUDA_ERROR_INVALID_IMAGE);
+  *module = reinterpret_cast<CUmodule>(&g_module);
+  log_line("module-load probe=%d", strstr(text, kProbeEntry) != nullptr ? 1 : 0);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuModuleGetFunction(CUfunction* function, CUmodule module, const char* name) {
+  static const char kCall[] = "cuModuleGetFunction";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (function == nullptr || name == nullptr || module != reinterpret_cast<CUmodule>(&g_module))
+    return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
+  if (strcmp(name, kProbeEntry) != 0) return fail(kCall, CUDA_ERROR_NOT_FOUND);
+  *function = reinterpret_cast<CUfunction>(&g_function);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuModuleUnload(CUmodule module) {
+  static const char kCall[] = "cuModuleUnload";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (module != reinterpret_cast<CUmodule>(&g_module))
+    return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned gridDimY,
+                                     unsigned gridDimZ, unsigned blockDimX, unsigned blockDimY,
+                                     unsigned blockDimZ, unsigned sharedMemBytes, CUstream stream,
+                                     void** kernelParams, void** extra) {
+  static const char kCall[] = "cuLaunchKernel";
+  (void)sharedMemBytes;
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = sticky(kCall); rc != CUDA_SUCCESS) return rc;
+  if (f != reinterpret_cast<CUfunction>(&g_function)) return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
+  if (stream != nullptr || extra != nullptr || kernelParams == nullptr)
+    return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  if (current_ctx() == nullptr) return fail(kCall, CUDA_ERROR_INVALID_CONTEXT);
+  const unsigned long long threads = static_cast<unsigned long long>(gridDimX) * gridDimY *
+                                     gridDimZ * blockDimX * blockDimY * blockDimZ;
+  int* data = *static_cast<int**>(kernelParams[0]);
+  const unsigned n = *static_cast<unsigned*>(kernelParams[1]);
+  const int delta = *static_cast<int*>(kernelParams[2]);
+  const std::size_t count = threads < n ? std::size_t(threads) : std::size_t(n);
+  const auto start = reinterpret_cast<std::uintptr_t>(data);
+  lock(kCall);
+  const Block* b = containing(start);
+  const bool reachable = g_config.pageable != 0 ||
+                         (b != nullptr && count * sizeof(int) <= b->map_len - (start - b->addr));
+  unlock();
+  log_line("launch ptr=0x%llx count=%zu reachable=%d", static_cast<unsigned long long>(start),
+           count, reachable ? 1 : 0);
+  if (!reachable) {
+    g_sticky.store(CUDA_ERROR_ILLEGAL_ADDRESS);
+    return CUDA_SUCCESS;  // asynchronous: the fault shows at the next call
+  }
+  for (std::size_t i = 0; i < count; ++i) data[i] += delta;
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuCtxSynchronize(void) {
+  static const char kCall[] = "cuCtxSynchronize";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (current_ctx() == nullptr) return fail(kCall, CUDA_ERROR_INVALID_CONTEXT);
+  return sticky(kCall);
+}
+
+FAKECUDA_API CUresult cuMemGetInfo_v2(size_t* free, size_t* total) {
+  static const char kCall[] = "cuMemGetInfo_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (free == nullptr || total == nullptr) return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  if (current_ctx() == nullptr) return fail(kCall, CUDA_ERROR_INVALID_CONTEXT);
+  *total = 16 * kGiB;
+  const std::uint64_t live = g_counters.live_bytes.load();
+  *free = live < *total ? *total - live : 0;
+  return CUDA_SUCCESS;
+}
+
 FAKECUDA_API long fakecuda_migrate_to_device(const void* p, size_t n) {
   if (g_forked.load(std::memory_order_acquire) || n == 0) return -1;
   lock("fakecuda_migrate_to_device");

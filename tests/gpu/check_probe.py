@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""gpu_probe against the test double: what scripts/gpu-check.sh will ask of
+a real GPU, checked where the double can answer. A kernel reaches memory
+from plain malloc, new and std::vector under every CUDA backend, and faults
+without mnemosyne (unless the system has pageable memory access)."""
+import os
+import re
+import subprocess
+import sys
+
+PROBE = os.environ["GPU_PROBE"]
+LIB = os.environ["MNEMOSYNE_LIB"]
+FAKE = os.environ["FAKECUDA_LIB"]
+failures = []
+
+
+def probe(args, preload=None, extra=None):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD"))}
+    env["MNEMOSYNE_CUDA_DRIVER"] = FAKE
+    if preload:
+        env["LD_PRELOAD"] = LIB
+        env["MNEMOSYNE_BACKEND"] = preload
+    env.update(extra or {})
+    r = subprocess.run([PROBE] + args, env=env, capture_output=True, text=True, timeout=60)
+    fields = {}
+    for line in r.stdout.splitlines():
+        for k, v in re.findall(r"(\w+)=(\S+)", line):
+            fields.setdefault(k, v)
+    return r, fields
+
+
+def expect(ok, what, r):
+    print(f"{'ok' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+        print(f"  rc={r.returncode} stdout={r.stdout.strip()!r} stderr={r.stderr.strip()[-300:]!r}")
+
+
+r, f = probe(["kernel", "malloc"])
+expect(r.returncode == 0 and f.get("result") == "CUDA_ERROR_ILLEGAL_ADDRESS"
+       and f.get("driver_memory") == "0", "without mnemosyne, a kernel faults on malloc memory", r)
+r, f = probe(["kernel", "malloc"], extra={"FAKECUDA_PAGEABLE": "1"})
+expect(f.get("result") == "ok" and f.get("pageable_memory_access") == "1",
+       "without mnemosyne, with pageable memory access, it works", r)
+for backend, managed, memtype in (("unified", "1", "device"), ("device", "1", "device"),
+                                  ("pinned", "0", "host")):
+    for kind in ("malloc", "new", "vector"):
+        r, f = probe(["kernel", kind], preload=backend)
+        expect(r.returncode == 0 and f.get("result") == "ok" and f.get("driver_memory") == "1"
+               and f.get("is_managed") == managed and f.get("memory_type") == memtype,
+               f"{backend}: a kernel adds 7 to {kind} memory in place", r)
+r, _ = probe(["attributes"], preload="unified")
+lines = [l for l in r.stdout.splitlines() if l.startswith("attributes")]
+expect(len(lines) == 2 and all("driver_memory=1 is_managed=1" in l for l in lines),
+       "unified: 64-byte and 64 MiB mallocs are managed memory", r)
+r, f = probe(["costs"], preload="unified")
+expect(r.returncode == 0 and "cuinit_ms" in f and r.stdout.count("alloc-cost") == 3,
+       "costs: cuInit, the context and allocation calls are timed", r)
+r, _ = probe(["kernel", "malloc"], extra={"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"})
+expect(r.returncode == 1 and "error=no-driver" in r.stdout, "no driver: one line, exit 1", r)
+print(f"# {len(failures)} failed")
+sys.exit(1 if failures else 0)

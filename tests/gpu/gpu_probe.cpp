@@ -1,0 +1,292 @@
+// What a GPU does with memory plain malloc returned: the probe that
+// scripts/gpu-check.sh runs on a real driver, tried against the test double
+// first (tests/gpu/meson.build).
+//
+//   gpu_probe kernel malloc|new|vector   a kernel adds 7 to every int of a
+//                                        4 MiB block from that allocator,
+//                                        with no cudaMalloc and no copy
+//   gpu_probe attributes                 the driver's pointer attributes of
+//                                        a 64-byte and a 64 MiB malloc
+//   gpu_probe costs                      cuInit, the primary context, and
+//                                        each allocation call at 4 KiB,
+//                                        2 MiB and 64 MiB
+//
+// The driver is MNEMOSYNE_CUDA_DRIVER, else libcuda.so.1, opened at run
+// time (no CUDA library is linked); the kernel is PTX text, compiled by the
+// driver, so no nvcc is needed anywhere. One line per finding on stdout,
+// "key=value" pairs for the script to read. Exit status: 0 when the probe
+// ran (whatever it found), 1 when it could not (no driver, cuInit failed).
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+#include <string>
+#include <vector>
+
+#include <cuda.h>
+
+namespace {
+
+// The kernel: data[i] += delta for i < n, one thread an element.
+constexpr char kPtx[] = R"(.version 6.0
+.target sm_50
+.address_size 64
+
+.visible .entry mnemosyne_probe_add(
+    .param .u64 data,
+    .param .u32 n,
+    .param .u32 delta)
+{
+    .reg .pred %p;
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<5>;
+
+    ld.param.u64 %rd1, [data];
+    ld.param.u32 %r1, [n];
+    ld.param.u32 %r2, [delta];
+    mov.u32 %r3, %ctaid.x;
+    mov.u32 %r4, %ntid.x;
+    mov.u32 %r5, %tid.x;
+    mad.lo.s32 %r6, %r3, %r4, %r5;
+    setp.ge.u32 %p, %r6, %r1;
+    @%p bra DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r6, 4;
+    add.s64 %rd4, %rd2, %rd3;
+    ld.global.u32 %r7, [%rd4];
+    add.s32 %r7, %r7, %r2;
+    st.global.u32 [%rd4], %r7;
+DONE:
+    ret;
+}
+)";
+
+struct Driver {
+  CUresult (*init)(unsigned);
+  CUresult (*device_get)(CUdevice*, int);
+  CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice);
+  CUresult (*ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set)(CUcontext);
+  CUresult (*module_load)(CUmodule*, const void*);
+  CUresult (*module_function)(CUfunction*, CUmodule, const char*);
+  CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                     unsigned, CUstream, void**, void**);
+  CUresult (*synchronize)();
+  CUresult (*pointer_attribute)(void*, CUpointer_attribute, CUdeviceptr);
+  CUresult (*mem_info)(size_t*, size_t*);
+  CUresult (*alloc_managed)(CUdeviceptr*, size_t, unsigned);
+  CUresult (*mem_free)(CUdeviceptr);
+  CUresult (*alloc_host)(void**, size_t, unsigned);
+  CUresult (*free_host)(void*);
+  CUresult (*error_name)(CUresult, const char**);
+};
+
+Driver g_cu;
+CUdevice g_device = 0;
+
+template <typename Fn>
+bool resolve(void* lib, const char* name, Fn* out) {
+  *out = reinterpret_cast<Fn>(dlsym(lib, name));
+  if (*out == nullptr) std::printf("probe error=missing-entry name=%s\n", name);
+  return *out != nullptr;
+}
+
+const char* name_of(CUresult rc) {
+  const char* name = nullptr;
+  if (g_cu.error_name == nullptr || g_cu.error_name(rc, &name) != CUDA_SUCCESS || !name) {
+    return "CUDA_ERROR_UNKNOWN";
+  }
+  return name;
+}
+
+double ms_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// Opens the driver and resolves every entry the probe uses.
+bool open_driver() {
+  const char* path = std::getenv("MNEMOSYNE_CUDA_DRIVER");
+  if (path == nullptr || *path == '\0') path = "libcuda.so.1";
+  void* lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  if (lib == nullptr) {
+    std::printf("probe error=no-driver path=%s\n", path);
+    return false;
+  }
+  bool ok = resolve(lib, "cuInit", &g_cu.init) & resolve(lib, "cuDeviceGet", &g_cu.device_get) &
+            resolve(lib, "cuDeviceGetAttribute", &g_cu.device_attribute) &
+            resolve(lib, "cuDevicePrimaryCtxRetain", &g_cu.ctx_retain) &
+            resolve(lib, "cuCtxSetCurrent", &g_cu.ctx_set) &
+            resolve(lib, "cuModuleLoadData", &g_cu.module_load) &
+            resolve(lib, "cuModuleGetFunction", &g_cu.module_function) &
+            resolve(lib, "cuLaunchKernel", &g_cu.launch) &
+            resolve(lib, "cuCtxSynchronize", &g_cu.synchronize) &
+            resolve(lib, "cuPointerGetAttribute", &g_cu.pointer_attribute) &
+            resolve(lib, "cuMemGetInfo_v2", &g_cu.mem_info) &
+            resolve(lib, "cuMemAllocManaged", &g_cu.alloc_managed) &
+            resolve(lib, "cuMemFree_v2", &g_cu.mem_free) &
+            resolve(lib, "cuMemHostAlloc", &g_cu.alloc_host) &
+            resolve(lib, "cuMemFreeHost", &g_cu.free_host) &
+            resolve(lib, "cuGetErrorName", &g_cu.error_name);
+  return ok;
+}
+
+// cuInit, then the device's primary context, made current. Times both.
+bool start_driver(double* init_ms, double* ctx_ms) {
+  auto t = std::chrono::steady_clock::now();
+  CUresult rc = g_cu.init(0);
+  if (init_ms != nullptr) *init_ms = ms_since(t);
+  if (rc != CUDA_SUCCESS) {
+    std::printf("probe error=cuInit rc=%s\n", name_of(rc));
+    return false;
+  }
+  const char* ordinal = std::getenv("MNEMOSYNE_DEVICE");
+  const int dev = ordinal != nullptr ? std::atoi(ordinal) : 0;
+  CUcontext ctx = nullptr;
+  t = std::chrono::steady_clock::now();
+  rc = g_cu.device_get(&g_device, dev);
+  if (rc == CUDA_SUCCESS) rc = g_cu.ctx_retain(&ctx, g_device);
+  if (rc == CUDA_SUCCESS) rc = g_cu.ctx_set(ctx);
+  if (ctx_ms != nullptr) *ctx_ms = ms_since(t);
+  if (rc != CUDA_SUCCESS) {
+    std::printf("probe error=context device=%d rc=%s\n", dev, name_of(rc));
+    return false;
+  }
+  return true;
+}
+
+std::string attributes_of(const void* p) {
+  unsigned managed = 0;
+  unsigned type = 0;
+  int ordinal = -1;
+  const auto dp = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+  CUresult rc = g_cu.pointer_attribute(&managed, CU_POINTER_ATTRIBUTE_IS_MANAGED, dp);
+  if (rc != CUDA_SUCCESS) return std::string("driver_memory=0 rc=") + name_of(rc);
+  g_cu.pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dp);
+  g_cu.pointer_attribute(&ordinal, CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, dp);
+  const char* type_name = type == CU_MEMORYTYPE_HOST     ? "host"
+                          : type == CU_MEMORYTYPE_DEVICE ? "device"
+                                                         : "other";
+  return "driver_memory=1 is_managed=" + std::to_string(managed) + " memory_type=" + type_name +
+         " device=" + std::to_string(ordinal);
+}
+
+int run_kernel(const std::string& kind) {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  int pageable = 0;
+  g_cu.device_attribute(&pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, g_device);
+  CUmodule module = nullptr;
+  CUfunction add = nullptr;
+  CUresult rc = g_cu.module_load(&module, kPtx);
+  if (rc == CUDA_SUCCESS) rc = g_cu.module_function(&add, module, "mnemosyne_probe_add");
+  if (rc != CUDA_SUCCESS) {
+    std::printf("kernel kind=%s result=no-kernel rc=%s\n", kind.c_str(), name_of(rc));
+    return 1;
+  }
+  constexpr unsigned kCount = 1u << 20;  // 4 MiB of ints
+  std::vector<int> from_vector;
+  int* data = nullptr;
+  if (kind == "malloc") {
+    data = static_cast<int*>(std::malloc(kCount * sizeof(int)));
+  } else if (kind == "new") {
+    data = new int[kCount];
+  } else if (kind == "vector") {
+    from_vector.resize(kCount);
+    data = from_vector.data();
+  } else {
+    std::fprintf(stderr, "gpu_probe: kernel malloc|new|vector\n");
+    return 2;
+  }
+  for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
+  unsigned n = kCount;
+  int delta = 7;
+  void* params[] = {&data, &n, &delta};
+  const auto t = std::chrono::steady_clock::now();
+  rc = g_cu.launch(add, kCount / 256, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr);
+  if (rc == CUDA_SUCCESS) rc = g_cu.synchronize();
+  const double ms = ms_since(t);
+  const char* result = "ok";
+  if (rc != CUDA_SUCCESS) {
+    result = name_of(rc);
+  } else {
+    for (unsigned i = 0; i < kCount; ++i) {
+      if (data[i] != static_cast<int>(i) + 7) {
+        result = "wrong-data";
+        break;
+      }
+    }
+  }
+  std::printf("kernel kind=%s result=%s ms=%.3f pageable_memory_access=%d %s\n", kind.c_str(),
+              result, ms, pageable, attributes_of(data).c_str());
+  if (kind == "malloc") std::free(data);
+  if (kind == "new") delete[] data;
+  return 0;
+}
+
+int run_attributes() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  for (std::size_t size : {std::size_t{64}, std::size_t{64} << 20}) {
+    void* p = std::malloc(size);
+    std::printf("attributes size=%zu %s\n", size, attributes_of(p).c_str());
+    std::free(p);
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+int run_costs() {
+  double init_ms = 0;
+  double ctx_ms = 0;
+  if (!start_driver(&init_ms, &ctx_ms)) return 1;
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  g_cu.mem_info(&free_bytes, &total_bytes);
+  std::printf("costs cuinit_ms=%.3f context_ms=%.3f device_free=%zu device_total=%zu\n", init_ms,
+              ctx_ms, free_bytes, total_bytes);
+  for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{64} << 20}) {
+    std::vector<double> managed;
+    std::vector<double> host;
+    for (int i = 0; i < 10; ++i) {
+      CUdeviceptr dp = 0;
+      auto t = std::chrono::steady_clock::now();
+      CUresult rc = g_cu.alloc_managed(&dp, size, CU_MEM_ATTACH_GLOBAL);
+      if (rc == CUDA_SUCCESS) {
+        managed.push_back(ms_since(t));
+        g_cu.mem_free(dp);
+      }
+      void* hp = nullptr;
+      t = std::chrono::steady_clock::now();
+      rc = g_cu.alloc_host(&hp, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
+      if (rc == CUDA_SUCCESS) {
+        host.push_back(ms_since(t));
+        g_cu.free_host(hp);
+      }
+    }
+    std::printf("alloc-cost size=%zu managed_ms=%.4f pinned_ms=%.4f\n", size, median(managed),
+                median(host));
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const std::string what = argc > 1 ? argv[1] : "";
+  if (what != "kernel" && what != "attributes" && what != "costs") {
+    std::fprintf(stderr, "usage: gpu_probe kernel malloc|new|vector | attributes | costs\n");
+    return 2;
+  }
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (!open_driver()) return 1;
+  if (what == "kernel") return run_kernel(argc > 2 ? argv[2] : "");
+  if (what == "attributes") return run_attributes();
+  return run_costs();
+}
