@@ -68,6 +68,7 @@ DONE:
 struct Driver {
   CUresult (*init)(unsigned);
   CUresult (*device_get)(CUdevice*, int);
+  CUresult (*device_count)(int*);
   CUresult (*device_attribute)(int*, CUdevice_attribute, CUdevice);
   CUresult (*ctx_retain)(CUcontext*, CUdevice);
   CUresult (*ctx_set)(CUcontext);
@@ -118,6 +119,7 @@ bool open_driver() {
     return false;
   }
   bool ok = resolve(lib, "cuInit", &g_cu.init) & resolve(lib, "cuDeviceGet", &g_cu.device_get) &
+            resolve(lib, "cuDeviceGetCount", &g_cu.device_count) &
             resolve(lib, "cuDeviceGetAttribute", &g_cu.device_attribute) &
             resolve(lib, "cuDevicePrimaryCtxRetain", &g_cu.ctx_retain) &
             resolve(lib, "cuCtxSetCurrent", &g_cu.ctx_set) &
@@ -248,9 +250,11 @@ int run_costs() {
   if (!start_driver(&init_ms, &ctx_ms)) return 1;
   size_t free_bytes = 0;
   size_t total_bytes = 0;
+  int devices = 0;
   g_cu.mem_info(&free_bytes, &total_bytes);
-  std::printf("costs cuinit_ms=%.3f context_ms=%.3f device_free=%zu device_total=%zu\n", init_ms,
-              ctx_ms, free_bytes, total_bytes);
+  g_cu.device_count(&devices);
+  std::printf("costs cuinit_ms=%.3f context_ms=%.3f device_free=%zu device_total=%zu devices=%d\n",
+              init_ms, ctx_ms, free_bytes, total_bytes, devices);
   for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{64} << 20}) {
     std::vector<double> managed;
     std::vector<double> host;

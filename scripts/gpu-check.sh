@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# One short run that shows what mnemosyne does on a real NVIDIA GPU.
+#
+#   scripts/gpu-check.sh [REPORT_DIR] [--prebuilt DIR]
+#
+# Without an NVIDIA driver it says so in one line and exits 0. With one, it
+# writes REPORT_DIR/report.md (default gpu-report/) and the raw output of
+# every step under REPORT_DIR/logs/. Binaries: --prebuilt DIR (a build tree,
+# or a folder holding libmnemosyne.so, gpu_probe and mnemosyne), else
+# build/, else a fresh build when meson and ninja are there. Setting
+# MNEMOSYNE_CUDA_DRIVER runs it against that library instead of the system's
+# driver (the test double: tests/gpu/meson.build, gpu-check-double).
+#
+# Each step has its own time limit; the report says which ran, which were
+# skipped and why. A refused system call or a failing step is a finding,
+# written down, not the end of the run. The whole run stays under 8 minutes.
+set -uo pipefail
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+report_dir=gpu-report
+prebuilt=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --prebuilt) prebuilt=${2:?--prebuilt needs a folder}; shift 2 ;;
+    --prebuilt=*) prebuilt=${1#--prebuilt=}; shift ;;
+    -h|--help) sed -n '2,16p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) echo "gpu-check: unknown flag $1 (see --help)" >&2; exit 2 ;;
+    *) report_dir=$1; shift ;;
+  esac
+done
+
+# ---------------------------------------------------------------- the driver
+driver=${MNEMOSYNE_CUDA_DRIVER:-}
+if [ -z "$driver" ]; then
+  for candidate in $(ldconfig -p 2>/dev/null | awk '/libcuda\.so\.1 /{print $NF}') \
+      /usr/lib/x86_64-linux-gnu/libcuda.so.1 /usr/lib64/libcuda.so.1 /usr/lib/wsl/lib/libcuda.so.1; do
+    if [ -e "$candidate" ]; then driver=$candidate; break; fi
+  done
+fi
+if [ -z "$driver" ] || [ ! -e "$driver" ]; then
+  echo "gpu-check: no NVIDIA driver (libcuda.so.1) on this machine; nothing to check"
+  exit 0
+fi
+
+# ---------------------------------------------------------------- binaries
+find_bin() {  # NAME PATH-IN-A-BUILD-TREE: prints the first that exists
+  local dir
+  for dir in "$prebuilt" "$root/build"; do
+    [ -n "$dir" ] || continue
+    if [ -x "$dir/$2" ] || [ -f "$dir/$2" ]; then echo "$dir/$2"; return; fi
+    if [ -x "$dir/$1" ] || [ -f "$dir/$1" ]; then echo "$dir/$1"; return; fi
+  done
+}
+lib=$(find_bin libmnemosyne.so interpose/libmnemosyne.so)
+probe=$(find_bin gpu_probe tests/gpu/gpu_probe)
+launcher=$(find_bin mnemosyne src/cli/mnemosyne)
+if [ -z "$lib" ] || [ -z "$probe" ]; then
+  if command -v meson >/dev/null && command -v ninja >/dev/null; then
+    echo "gpu-check: building (meson, ninja)" >&2
+    (cd "$root" && { [ -f build/build.ninja ] || meson setup build >/dev/null; } &&
+       ninja -C build interpose/libmnemosyne.so tests/gpu/gpu_probe src/cli/mnemosyne >/dev/null)
+    lib=$(find_bin libmnemosyne.so interpose/libmnemosyne.so)
+    probe=$(find_bin gpu_probe tests/gpu/gpu_probe)
+    launcher=$(find_bin mnemosyne src/cli/mnemosyne)
+  fi
+fi
+if [ -z "$lib" ] || [ -z "$probe" ]; then
+  echo "gpu-check: no libmnemosyne.so and gpu_probe here (give --prebuilt DIR, or carry build/)" >&2
+  exit 1
+fi
+
+mkdir -p "$report_dir/logs"
+report="$report_dir/report.md"
+logs="$report_dir/logs"
+started=$(date +%s)
+: >"$report"
+say() { printf '%s\n' "$*" >>"$report"; }
+field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
+
+# run_step NAME LIMIT_S HEAP CMD...: runs CMD without mnemosyne (HEAP none)
+# or under it with that backend; output to logs/NAME.log; prints the status.
+run_step() {
+  local name=$1 limit=$2 heap=$3
+  shift 3
+  local with=(env -u LD_PRELOAD MNEMOSYNE_CUDA_DRIVER="$driver")
+  [ "$heap" = none ] ||
+    with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="$heap" MNEMOSYNE_CUDA_DRIVER="$driver")
+  timeout --kill-after=5 "$limit" "${with[@]}" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "timed out after ${limit} s"; else echo "exit $rc"; fi
+}
+
+say "# mnemosyne on a GPU: $(date -u '+%Y-%m-%d %H:%M UTC')"
+say ""
+say "- machine: $(uname -srm), $(nproc) cores"
+say "- driver library: $driver"
+if [ -r /proc/driver/nvidia/version ]; then
+  say "- kernel module: $(head -n 1 /proc/driver/nvidia/version)"
+fi
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -L >"$logs/nvidia-smi.log" 2>&1 || true
+  while read -r line; do say "- $line"; done <"$logs/nvidia-smi.log"
+fi
+say "- binaries: $lib, $probe"
+say ""
+python=$(command -v /usr/bin/python3 || command -v python3 || true)
+
+# The costs run first, on a fresh driver: cuInit is then the process's first.
+costs_status=$(run_step costs 120 none "$probe" costs)
+devices=$(field devices <"$logs/costs.log")
+
+# ---------------------------------------------------------------- 1. kernel
+say "## 1. A kernel on memory from plain malloc, new and std::vector"
+say ""
+say "No cudaMalloc, no copy: the kernel adds 7 to 4 MiB of ints in place."
+say ""
+say "| heap | malloc | new | std::vector | memory |"
+say "|---|---|---|---|---|"
+for backend in none unified device pinned; do
+  row="| ${backend/none/without mnemosyne} |"
+  memory=""
+  for kind in malloc new vector; do
+    status=$(run_step "kernel-$backend-$kind" 120 "$backend" "$probe" kernel "$kind")
+    result=$(field result <"$logs/kernel-$backend-$kind.log")
+    [ -n "$result" ] || result="no result ($status)"
+    row="$row $result |"
+    if [ -z "$memory" ]; then
+      memory="$(field memory_type <"$logs/kernel-$backend-$kind.log")"
+      managed=$(field is_managed <"$logs/kernel-$backend-$kind.log")
+      [ -n "$managed" ] && memory="$memory, managed=$managed"
+      [ "$(field driver_memory <"$logs/kernel-$backend-$kind.log")" = 0 ] && memory="not driver memory"
+    fi
+  done
+  say "$row ${memory:-?} |"
+done
+pageable=$(field pageable_memory_access <"$logs/kernel-none-malloc.log")
+say ""
+say "CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = ${pageable:-?} (1: the GPU reaches any host memory, so the run without mnemosyne works too)."
+say ""
+
+# ---------------------------------------------------------------- 2. attributes
+say "## 2. Pointer attributes of interposed blocks"
+say ""
+for backend in unified device pinned; do
+  run_step "attributes-$backend" 60 "$backend" "$probe" attributes >/dev/null
+  while read -r line; do say "- $backend: ${line#attributes }"; done \
+    < <(grep '^attributes' "$logs/attributes-$backend.log")
+done
+count=${devices:-1}
+run_step "bad-device" 60 unified env MNEMOSYNE_DEVICE="$count" /bin/true >/dev/null
+say "- MNEMOSYNE_DEVICE=$count, one past the last of $count device(s): \`$(grep -m1 mnemosyne: "$logs/bad-device.log")\`"
+say ""
+
+# ---------------------------------------------------------------- 3. costs
+say "## 3. Costs"
+say ""
+line=$(grep '^costs' "$logs/costs.log")
+[ -n "$line" ] || say "The probe printed no costs ($costs_status; see logs/costs.log)."
+say "- cuInit: $(echo "$line" | field cuinit_ms) ms; primary context: $(echo "$line" | field context_ms) ms"
+say "- device memory free after the context: $(echo "$line" | field device_free) of $(echo "$line" | field device_total) bytes"
+say ""
+say "| size | cuMemAllocManaged | cuMemHostAlloc |"
+say "|---|---|---|"
+while read -r l; do
+  say "| $(echo "$l" | field size) | $(echo "$l" | field managed_ms) ms | $(echo "$l" | field pinned_ms) ms |"
+done < <(grep '^alloc-cost' "$logs/costs.log")
+say ""
+
+# ---------------------------------------------------------------- 4. programs
+say "## 4. Unmodified programs"
+say ""
+py_prog='import json; d = {str(i): [i] * (i % 40) for i in range(60000)}; s = json.dumps(d); print(len(json.loads(s)), len(s))'
+c_src="$logs/work.c"
+for i in $(seq 1 300); do echo "int f$i(int x) { int a[$((i % 13 + 1))]; for (int k = 0; k < $((i % 13 + 1)); ++k) a[k] = x * k; return a[x % $((i % 13 + 1))]; }"; done >"$c_src"
+say "| program | $(printf '%s | ' unified device pinned)"
+say "|---|---|---|---|"
+for prog in python3 gcc; do
+  if [ "$prog" = python3 ]; then exe=$python; else exe=$(command -v gcc || true); fi
+  if [ -z "$exe" ]; then say "| $prog | skipped: not installed | | |"; continue; fi
+  if [ "$prog" = python3 ]; then cmd=("$exe" -c "$py_prog"); else cmd=("$exe" -O2 -S -o - "$c_src"); fi
+  want=$(env -u LD_PRELOAD "${cmd[@]}" 2>&1 | sha256sum)
+  row="| $prog |"
+  for backend in unified device pinned; do
+    status=$(run_step "program-$prog-$backend" 120 "$backend" "${cmd[@]}")
+    got=$(sha256sum <"$logs/program-$prog-$backend.log")
+    if [ "$got" = "$want" ]; then row="$row identical |"; else row="$row differs ($status) |"; fi
+  done
+  say "$row"
+done
+say ""
+
+# ---------------------------------------------------------------- 5. the demo
+say "## 5. NumPy memory in a GPU kernel, in place"
+say ""
+demo="$root/scripts/gpu_demo.py"
+if [ -z "$python" ] || ! "$python" -c 'import numpy' >/dev/null 2>&1; then
+  say "Skipped: NumPy is not installed."
+elif ! "$python" -c 'import cupy' >/dev/null 2>&1 && ! "$python" -c 'import torch' >/dev/null 2>&1; then
+  say "Skipped: neither CuPy nor PyTorch is installed."
+else
+  status=$(run_step demo 180 unified "$python" "$demo")
+  say "Under the unified backend ($status):"
+  say ""
+  say '```'
+  cat "$logs/demo.log" >>"$report"
+  say '```'
+fi
+say ""
+say "Finished in $(( $(date +%s) - started )) s."
+echo "gpu-check: report in $report"

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""scripts/gpu-check.sh against the test double: it runs every step from
+binaries given with --prebuilt (what is carried to a GPU machine) and
+writes the report; without a driver it says so in one line and exits 0."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+SCRIPT = os.path.join(ROOT, "scripts", "gpu-check.sh")
+failures = []
+
+
+def expect(ok, what, detail=""):
+    print(f"{'ok' if ok else 'FAIL'} {what}")
+    if not ok:
+        failures.append(what)
+        print(f"  {detail}")
+
+
+def clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD"))}
+    env.update(extra)
+    return env
+
+
+tmp = tempfile.mkdtemp(prefix="mnemosyne-gpu-check-")
+try:
+    flat = os.path.join(tmp, "prebuilt")
+    os.makedirs(flat)
+    for key in ("MNEMOSYNE_LIB", "GPU_PROBE", "MNEMOSYNE_LAUNCHER"):
+        shutil.copy(os.environ[key], flat)
+    report_dir = os.path.join(tmp, "report")
+    r = subprocess.run(["bash", SCRIPT, report_dir, "--prebuilt", flat], capture_output=True,
+                       text=True, timeout=500,
+                       env=clean_env(MNEMOSYNE_CUDA_DRIVER=os.environ["FAKECUDA_LIB"]))
+    expect(r.returncode == 0, "the script finishes against the double", r.stderr[-500:])
+    with open(os.path.join(report_dir, "report.md")) as f:
+        report = f.read()
+    expect(flat in report, "it used the --prebuilt binaries", report[:400])
+    for row, what in [
+        ("| without mnemosyne | CUDA_ERROR_ILLEGAL_ADDRESS | CUDA_ERROR_ILLEGAL_ADDRESS | "
+         "CUDA_ERROR_ILLEGAL_ADDRESS | not driver memory |", "the kernel faults without mnemosyne"),
+        ("| unified | ok | ok | ok | device, managed=1 |", "unified: the kernel works in place"),
+        ("| device | ok | ok | ok | device, managed=1 |", "device: the kernel works in place"),
+        ("| pinned | ok | ok | ok | host, managed=0 |", "pinned: the kernel works in place"),
+        ("pinned: size=67108864 driver_memory=1 is_managed=0 memory_type=host",
+         "pinned blocks are the driver's host memory"),
+        ("does not exist: the driver reports 2 devices", "a device past the last is refused"),
+        ("| python3 | identical | identical | identical |", "python3's output is unchanged"),
+        ("| gcc | identical | identical | identical |", "gcc's output is unchanged"),
+        ("- cuInit: ", "cuInit is timed"),
+    ]:
+        expect(row in report, what, report)
+    logs = os.listdir(os.path.join(report_dir, "logs"))
+    expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
+
+    have_driver = "libcuda.so.1" in subprocess.run(["ldconfig", "-p"], capture_output=True,
+                                                   text=True).stdout
+    if not have_driver:
+        none_dir = os.path.join(tmp, "none")
+        r = subprocess.run(["bash", SCRIPT, none_dir], capture_output=True, text=True,
+                           timeout=60, env=clean_env())
+        expect(r.returncode == 0 and r.stdout.strip().count("\n") == 0
+               and "no NVIDIA driver" in r.stdout and not os.path.exists(none_dir),
+               "without a driver: one line, exit 0, nothing written", repr(r))
+finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+print(f"# {len(failures)} failed")
+sys.exit(1 if failures else 0)
