@@ -105,6 +105,16 @@ say "- binaries: $lib, $probe"
 say ""
 python=$(command -v /usr/bin/python3 || command -v python3 || true)
 
+if [ -n "$launcher" ]; then
+  run_step info 60 none "$launcher" info >/dev/null
+  say "What the driver and devices offer (\`mnemosyne info\`):"
+  say ""
+  say '```'
+  cat "$logs/info.log" >>"$report"
+  say '```'
+  say ""
+fi
+
 # The costs run first, on a fresh driver: cuInit is then the process's first.
 costs_status=$(run_step costs 120 none "$probe" costs)
 devices=$(field devices <"$logs/costs.log")
@@ -199,7 +209,8 @@ elif ! "$python" -c 'import cupy' >/dev/null 2>&1 && ! "$python" -c 'import torc
   say "Skipped: neither CuPy nor PyTorch is installed."
 else
   status=$(run_step demo 180 unified "$python" "$demo")
-  say "Under the unified backend ($status):"
+  say "\`python3 scripts/gpu_demo.py\` with libmnemosyne.so preloaded, unified backend (as"
+  say "\`mnemosyne run -- python3 scripts/gpu_demo.py\` does; $status):"
   say ""
   say '```'
   cat "$logs/demo.log" >>"$report"

@@ -53,6 +53,7 @@ try:
         ("| python3 | identical | identical | identical |", "python3's output is unchanged"),
         ("| gcc | identical | identical | identical |", "gcc's output is unchanged"),
         ("- cuInit: ", "cuInit is timed"),
+        ("mnemosyne fake GPU 0", "mnemosyne info's report is included"),
     ]:
         expect(row in report, what, report)
     logs = os.listdir(os.path.join(report_dir, "logs"))
