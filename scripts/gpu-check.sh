@@ -176,8 +176,38 @@ while read -r l; do
 done < <(grep '^alloc-cost' "$logs/costs.log")
 say ""
 
+# ---------------------------------------------------------------- fork, reset
+say "## 4. Fork: what a child inherits"
+say ""
+say "An 8 MiB malloc'd block written by the CPU, then by a kernel (+7); a forked child reads it."
+say ""
+say "| backend | smaps VmFlags | mincore after CPU write | after GPU write | the child read |"
+say "|---|---|---|---|---|"
+for backend in unified device pinned; do
+  status=$(run_step "fork-$backend" 120 "$backend" "$probe" fork)
+  log="$logs/fork-$backend.log"
+  say "| $backend | $(field smaps_vmflags <"$log") | $(field mincore_after_cpu_write <"$log") |" \
+      "$(field mincore_after_gpu_write <"$log") | $(field child <"$log") ($status) |"
+done
+say ""
+say "(\`dc\`: the mapping is not inherited by fork; mnemosyne copies the heap into the child.)"
+say ""
+
+say "## 5. cuDevicePrimaryCtxReset (what cudaDeviceReset does) under a live heap"
+say ""
+say "| backend | last step reached | exit |"
+say "|---|---|---|"
+for backend in unified pinned host; do
+  status=$(run_step "reset-$backend" 60 "$backend" "$probe" reset)
+  last=$(grep '^reset step=' "$logs/reset-$backend.log" | tail -n 1 | sed 's/^reset step=//')
+  say "| $backend | ${last:-none} | $status |"
+done
+say ""
+say "Steps: allocated, reset, read-old-block, freed-old-blocks, new-malloc-works; exit 139 is SIGSEGV."
+say ""
+
 # ---------------------------------------------------------------- 4. programs
-say "## 4. Unmodified programs"
+say "## 6. Unmodified programs"
 say ""
 py_prog='import json; d = {str(i): [i] * (i % 40) for i in range(60000)}; s = json.dumps(d); print(len(json.loads(s)), len(s))'
 c_src="$logs/work.c"
@@ -200,7 +230,7 @@ done
 say ""
 
 # ---------------------------------------------------------------- 5. the demo
-say "## 5. NumPy memory in a GPU kernel, in place"
+say "## 7. NumPy memory in a GPU kernel, in place"
 say ""
 demo="$root/scripts/gpu_demo.py"
 if [ -z "$python" ] || ! "$python" -c 'import numpy' >/dev/null 2>&1; then

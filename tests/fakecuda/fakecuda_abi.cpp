@@ -96,6 +96,7 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     FAKECUDA_PROC("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     FAKECUDA_PROC("cuDevicePrimaryCtxRelease", 7000, cuDevicePrimaryCtxRelease),
+    FAKECUDA_PROC("cuDevicePrimaryCtxReset", 11000, cuDevicePrimaryCtxReset_v2),
     FAKECUDA_PROC("cuCtxPushCurrent", 4000, cuCtxPushCurrent_v2),
     FAKECUDA_PROC("cuCtxPushCurrent", 2000, cuCtxPushCurrent),
     FAKECUDA_PROC("cuCtxPopCurrent", 4000, cuCtxPopCurrent_v2),

@@ -113,6 +113,19 @@ FAKECUDA_API CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
   return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
 }
 
+// As cudaDeviceReset(): the primary context's memory is freed whatever its
+// retain count; it stays retained, and works again for new allocations.
+FAKECUDA_API CUresult cuDevicePrimaryCtxReset_v2(CUdevice dev) {
+  static const char kCall[] = "cuDevicePrimaryCtxReset_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (!valid_device(dev)) return fail(kCall, CUDA_ERROR_INVALID_DEVICE);
+  lock(kCall);
+  free_ctx_blocks(&g_primary[dev]);
+  unlock();
+  log_line("ctx-reset dev=%d", int(dev));
+  return CUDA_SUCCESS;
+}
+
 FAKECUDA_API CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
   static const char kCall[] = "cuCtxPushCurrent_v2";
   if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;

@@ -54,8 +54,14 @@ try:
         ("| gcc | identical | identical | identical |", "gcc's output is unchanged"),
         ("- cuInit: ", "cuInit is timed"),
         ("mnemosyne fake GPU 0", "mnemosyne info's report is included"),
+        ("| unified | rd,wr,mr,mw,me,dc", "unified segments are marked not to be inherited (dc)"),
+        ("| host | new-malloc-works | exit 0 |", "the host backend survives a context reset"),
     ]:
         expect(row in report, what, report)
+    fork_rows = [l for l in report.splitlines() if l.startswith(("| unified | rd", "| device | rd",
+                                                                  "| pinned | rd"))]
+    expect(len(fork_rows) == 3 and all("same-data (exit 0)" in l for l in fork_rows),
+           "a forked child reads what the kernel wrote, on every backend", fork_rows)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 

@@ -10,6 +10,13 @@
 //   gpu_probe costs                      cuInit, the primary context, and
 //                                        each allocation call at 4 KiB,
 //                                        2 MiB and 64 MiB
+//   gpu_probe fork                       the smaps flags and mincore answer
+//                                        of a malloc'd block, before and
+//                                        after a kernel wrote it, and what
+//                                        a forked child reads there
+//   gpu_probe reset                      cuDevicePrimaryCtxReset (what
+//                                        cudaDeviceReset does) under a live
+//                                        heap: one line per step survived
 //
 // The driver is MNEMOSYNE_CUDA_DRIVER, else libcuda.so.1, opened at run
 // time (no CUDA library is linked); the kernel is PTX text, compiled by the
@@ -17,12 +24,17 @@
 // "key=value" pairs for the script to read. Exit status: 0 when the probe
 // ran (whatever it found), 1 when it could not (no driver, cuInit failed).
 #include <dlfcn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <new>
 #include <string>
 #include <vector>
@@ -84,6 +96,7 @@ struct Driver {
   CUresult (*alloc_host)(void**, size_t, unsigned);
   CUresult (*free_host)(void*);
   CUresult (*error_name)(CUresult, const char**);
+  CUresult (*ctx_reset)(CUdevice);  // optional
 };
 
 Driver g_cu;
@@ -134,6 +147,8 @@ bool open_driver() {
             resolve(lib, "cuMemHostAlloc", &g_cu.alloc_host) &
             resolve(lib, "cuMemFreeHost", &g_cu.free_host) &
             resolve(lib, "cuGetErrorName", &g_cu.error_name);
+  g_cu.ctx_reset =
+      reinterpret_cast<CUresult (*)(CUdevice)>(dlsym(lib, "cuDevicePrimaryCtxReset_v2"));
   return ok;
 }
 
@@ -177,14 +192,27 @@ std::string attributes_of(const void* p) {
          " device=" + std::to_string(ordinal);
 }
 
+// The probe kernel, compiled by the driver from kPtx.
+CUresult load_kernel(CUfunction* add) {
+  CUmodule module = nullptr;
+  CUresult rc = g_cu.module_load(&module, kPtx);
+  if (rc == CUDA_SUCCESS) rc = g_cu.module_function(add, module, "mnemosyne_probe_add");
+  return rc;
+}
+
+// data[i] += delta on the GPU for i < n, then waits for it.
+CUresult add_on_gpu(CUfunction add, int* data, unsigned n, int delta) {
+  void* params[] = {&data, &n, &delta};
+  CUresult rc = g_cu.launch(add, (n + 255) / 256, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr);
+  return rc == CUDA_SUCCESS ? g_cu.synchronize() : rc;
+}
+
 int run_kernel(const std::string& kind) {
   if (!start_driver(nullptr, nullptr)) return 1;
   int pageable = 0;
   g_cu.device_attribute(&pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, g_device);
-  CUmodule module = nullptr;
   CUfunction add = nullptr;
-  CUresult rc = g_cu.module_load(&module, kPtx);
-  if (rc == CUDA_SUCCESS) rc = g_cu.module_function(&add, module, "mnemosyne_probe_add");
+  CUresult rc = load_kernel(&add);
   if (rc != CUDA_SUCCESS) {
     std::printf("kernel kind=%s result=no-kernel rc=%s\n", kind.c_str(), name_of(rc));
     return 1;
@@ -204,12 +232,8 @@ int run_kernel(const std::string& kind) {
     return 2;
   }
   for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
-  unsigned n = kCount;
-  int delta = 7;
-  void* params[] = {&data, &n, &delta};
   const auto t = std::chrono::steady_clock::now();
-  rc = g_cu.launch(add, kCount / 256, 1, 1, 256, 1, 1, 0, nullptr, params, nullptr);
-  if (rc == CUDA_SUCCESS) rc = g_cu.synchronize();
+  rc = add_on_gpu(add, data, kCount, 7);
   const double ms = ms_since(t);
   const char* result = "ok";
   if (rc != CUDA_SUCCESS) {
@@ -280,17 +304,125 @@ int run_costs() {
   return 0;
 }
 
+// The VmFlags line of the /proc/self/smaps mapping that holds p.
+std::string smaps_flags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  const auto addr = reinterpret_cast<std::uintptr_t>(p);
+  std::string line;
+  bool inside = false;
+  while (std::getline(smaps, line)) {
+    unsigned long start = 0;
+    unsigned long end = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &start, &end) == 2 && line.find(':') > 8) {
+      inside = start <= addr && addr < end;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      std::string flags = line.substr(8);
+      while (!flags.empty() && flags.front() == ' ') flags.erase(0, 1);
+      while (!flags.empty() && flags.back() == ' ') flags.pop_back();
+      for (char& c : flags) c = c == ' ' ? ',' : c;
+      return flags;
+    }
+  }
+  return "unknown";
+}
+
+// "resident/pages" by mincore, or the error.
+std::string resident(const void* p, std::size_t len) {
+  const auto page = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  const auto start = reinterpret_cast<std::uintptr_t>(p) / page * page;
+  const std::size_t pages = (reinterpret_cast<std::uintptr_t>(p) + len - start + page - 1) / page;
+  std::vector<unsigned char> vec(pages);
+  if (mincore(reinterpret_cast<void*>(start), pages * page, vec.data()) != 0) {
+    return std::string("error:") + std::strerror(errno);
+  }
+  std::size_t in = 0;
+  for (unsigned char v : vec) in += v & 1;
+  return std::to_string(in) + "/" + std::to_string(pages);
+}
+
+int run_fork() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  CUfunction add = nullptr;
+  if (CUresult rc = load_kernel(&add); rc != CUDA_SUCCESS) {
+    std::printf("fork result=no-kernel rc=%s\n", name_of(rc));
+    return 1;
+  }
+  constexpr unsigned kCount = 2u << 20;  // 8 MiB of ints
+  int* data = static_cast<int*>(std::malloc(kCount * sizeof(int)));
+  for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
+  std::printf("fork smaps_vmflags=%s\n", smaps_flags(data).c_str());
+  std::printf("fork mincore_after_cpu_write=%s\n", resident(data, kCount * sizeof(int)).c_str());
+  const CUresult rc = add_on_gpu(add, data, kCount, 7);
+  std::printf("fork kernel=%s mincore_after_gpu_write=%s\n", name_of(rc),
+              resident(data, kCount * sizeof(int)).c_str());
+  const pid_t child = fork();
+  if (child == 0) {
+    for (unsigned i = 0; i < kCount; ++i) {
+      if (data[i] != static_cast<int>(i) + 7) _exit(1);
+    }
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  const char* seen =
+      WIFEXITED(status) ? (WEXITSTATUS(status) == 0 ? "same-data" : "wrong-data") : "killed";
+  std::printf("fork child=%s signal=%d\n", seen, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+  std::free(data);
+  return 0;
+}
+
+// After the reset the heap may be gone, stdio's buffers with it: each step
+// is written with write(2) from the stack.
+void step(const char* what, const char* detail = "") {
+  char line[160];
+  const int n = std::snprintf(line, sizeof line, "reset step=%s%s\n", what, detail);
+  if (n > 0) (void)!write(STDOUT_FILENO, line, static_cast<std::size_t>(n));
+}
+
+int run_reset() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  if (g_cu.ctx_reset == nullptr) {
+    std::printf("reset step=none rc=no-entry\n");
+    return 1;
+  }
+  std::vector<char*> blocks;
+  for (int i = 0; i < 100; ++i) blocks.push_back(static_cast<char*>(std::malloc(1000)));
+  char* big = static_cast<char*>(std::malloc(std::size_t{64} << 20));
+  std::memset(big, 1, std::size_t{64} << 20);
+  std::fflush(stdout);
+  step("allocated");
+  const CUresult rc = g_cu.ctx_reset(g_device);
+  char detail[64];
+  std::snprintf(detail, sizeof detail, " rc=%s", name_of(rc));
+  step("reset", detail);
+  volatile char seen = big[12345];
+  std::snprintf(detail, sizeof detail, " value=%d", int(seen));
+  step("read-old-block", detail);
+  for (char* b : blocks) std::free(b);
+  std::free(big);
+  step("freed-old-blocks");
+  char* fresh = static_cast<char*>(std::malloc(1 << 20));
+  std::memset(fresh, 2, 1 << 20);
+  step("new-malloc-works");
+  std::free(fresh);
+  _exit(0);  // exit() would flush stdio through the lost heap
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
-  if (what != "kernel" && what != "attributes" && what != "costs") {
-    std::fprintf(stderr, "usage: gpu_probe kernel malloc|new|vector | attributes | costs\n");
+  if (what != "kernel" && what != "attributes" && what != "costs" && what != "fork" &&
+      what != "reset") {
+    std::fprintf(stderr,
+                 "usage: gpu_probe kernel malloc|new|vector | attributes | costs | fork | reset\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (!open_driver()) return 1;
   if (what == "kernel") return run_kernel(argc > 2 ? argv[2] : "");
   if (what == "attributes") return run_attributes();
+  if (what == "fork") return run_fork();
+  if (what == "reset") return run_reset();
   return run_costs();
 }
