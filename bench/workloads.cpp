@@ -324,6 +324,8 @@ int main(int argc, char** argv) {
     sum = simple(scale, 1);
   } else if (name == "malloc-thread") {
     sum = simple(scale, 4);
+  } else if (name == "malloc-thread-8") {  // for scripts/gpu-check.sh (16 cores there)
+    sum = simple(scale, 8);
   } else if (name == "realloc-chains") {
     sum = realloc_chains(scale);
   } else if (name == "large") {

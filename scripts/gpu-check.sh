@@ -54,6 +54,8 @@ find_bin() {  # NAME PATH-IN-A-BUILD-TREE: prints the first that exists
 lib=$(find_bin libmnemosyne.so interpose/libmnemosyne.so)
 probe=$(find_bin gpu_probe tests/gpu/gpu_probe)
 launcher=$(find_bin mnemosyne src/cli/mnemosyne)
+workloads=$(find_bin workloads bench/workloads)
+naive=$(find_bin libnaive-interposer.so bench/libnaive-interposer.so)
 if [ -z "$lib" ] || [ -z "$probe" ]; then
   if command -v meson >/dev/null && command -v ninja >/dev/null; then
     echo "gpu-check: building (meson, ninja)" >&2
@@ -62,6 +64,9 @@ if [ -z "$lib" ] || [ -z "$probe" ]; then
     lib=$(find_bin libmnemosyne.so interpose/libmnemosyne.so)
     probe=$(find_bin gpu_probe tests/gpu/gpu_probe)
     launcher=$(find_bin mnemosyne src/cli/mnemosyne)
+    (cd "$root" && ninja -C build bench/workloads bench/libnaive-interposer.so >/dev/null)
+    workloads=$(find_bin workloads bench/workloads)
+    naive=$(find_bin libnaive-interposer.so bench/libnaive-interposer.so)
   fi
 fi
 if [ -z "$lib" ] || [ -z "$probe" ]; then
@@ -83,8 +88,12 @@ run_step() {
   local name=$1 limit=$2 heap=$3
   shift 3
   local with=(env -u LD_PRELOAD MNEMOSYNE_CUDA_DRIVER="$driver")
-  [ "$heap" = none ] ||
+  if [ "$heap" = naive ]; then
+    # The double's own thread would re-enter it through the naive malloc.
+    with=(env LD_PRELOAD="$naive" MNEMOSYNE_CUDA_DRIVER="$driver" FAKECUDA_THREAD_ITERS=0)
+  elif [ "$heap" != none ]; then
     with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="$heap" MNEMOSYNE_CUDA_DRIVER="$driver")
+  fi
   timeout --kill-after=5 "$limit" "${with[@]}" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "timed out after ${limit} s"; else echo "exit $rc"; fi
@@ -206,8 +215,40 @@ say ""
 say "Steps: allocated, reset, read-old-block, freed-old-blocks, new-malloc-works; exit 139 is SIGSEGV."
 say ""
 
+# ---------------------------------------------------------------- throughput
+say "## 6. malloc/free throughput"
+say ""
+if [ -z "$workloads" ]; then
+  say "Skipped: no bench/workloads binary (build it, or put it in the --prebuilt folder)."
+else
+  say "glibc's malloc-simple shape (10,000 blocks of 16 B to 256 B allocated, then freed, per round),"
+  say "in million malloc/free pairs per second. The naive interposer (one cuMemAllocManaged per"
+  say "malloc, bench/naive_interposer.c) runs 1% of the rounds."
+  say ""
+  say "| heap | 1 thread | 8 threads |"
+  say "|---|---|---|"
+  for heap in none unified device pinned naive; do
+    [ "$heap" = naive ] && [ -z "$naive" ] && continue
+    row="| ${heap/none/glibc} |"
+    for shape in malloc-simple:1 malloc-thread-8:8; do
+      name=${shape%:*} threads=${shape#*:} scale=1
+      limit=120
+      [ "$heap" = naive ] && { scale=0.01; limit=60; }
+      t0=$(date +%s%N)
+      status=$(run_step "throughput-$heap-$name" "$limit" "$heap" "$workloads" "$name" "$scale")
+      t1=$(date +%s%N)
+      rounds=$(awk -v s="$scale" 'BEGIN { print int(200 * s) + 1 }')
+      rate=$(awk -v r="$rounds" -v t="$threads" -v ns=$((t1 - t0)) \
+        'BEGIN { printf "%.2f", r * 10000 * t / (ns / 1e9) / 1e6 }')
+      if [ "$status" = "exit 0" ]; then row="$row $rate |"; else row="$row $status |"; fi
+    done
+    say "$row"
+  done
+fi
+say ""
+
 # ---------------------------------------------------------------- 4. programs
-say "## 6. Unmodified programs"
+say "## 7. Unmodified programs"
 say ""
 py_prog='import json; d = {str(i): [i] * (i % 40) for i in range(60000)}; s = json.dumps(d); print(len(json.loads(s)), len(s))'
 c_src="$logs/work.c"
@@ -230,7 +271,7 @@ done
 say ""
 
 # ---------------------------------------------------------------- 5. the demo
-say "## 7. NumPy memory in a GPU kernel, in place"
+say "## 8. NumPy memory in a GPU kernel, in place"
 say ""
 demo="$root/scripts/gpu_demo.py"
 if [ -z "$python" ] || ! "$python" -c 'import numpy' >/dev/null 2>&1; then
