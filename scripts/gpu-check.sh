@@ -178,11 +178,25 @@ line=$(grep '^costs' "$logs/costs.log")
 say "- cuInit: $(echo "$line" | field cuinit_ms) ms; primary context: $(echo "$line" | field context_ms) ms"
 say "- device memory free after the context: $(echo "$line" | field device_free) of $(echo "$line" | field device_total) bytes"
 say ""
+run_step context-cost 60 none "$probe" context-cost >/dev/null
+say "- device memory one more process's context takes (what each process of a tree costs): $(field device_bytes <"$logs/context-cost.log") bytes"
+say ""
 say "| size | cuMemAllocManaged | cuMemHostAlloc |"
 say "|---|---|---|"
 while read -r l; do
   say "| $(echo "$l" | field size) | $(echo "$l" | field managed_ms) ms | $(echo "$l" | field pinned_ms) ms |"
 done < <(grep '^alloc-cost' "$logs/costs.log")
+say ""
+
+say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int of the second):"
+say ""
+say "| backend | from the CPU | from the GPU |"
+say "|---|---|---|"
+for backend in unified device pinned; do
+  status=$(run_step "touch-$backend" 120 "$backend" "$probe" touch)
+  log="$logs/touch-$backend.log"
+  say "| $backend | $(field cpu_first_touch_gbs <"$log") | $(field gpu_first_touch_gbs <"$log") ($status) |"
+done
 say ""
 
 # ---------------------------------------------------------------- fork, reset

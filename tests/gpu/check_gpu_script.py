@@ -56,6 +56,8 @@ try:
         ("| gcc | identical | identical | identical |", "gcc's output is unchanged"),
         ("- cuInit: ", "cuInit is timed"),
         ("mnemosyne fake GPU 0", "mnemosyne info's report is included"),
+        ("one more process's context takes (what each process of a tree costs): 0 bytes",
+         "the context cost is measured (the double's contexts take no device memory)"),
         ("| unified | rd,wr,mr,mw,me,dc", "unified segments are marked not to be inherited (dc)"),
         ("| host | new-malloc-works | exit 0 |", "the host backend survives a context reset"),
     ]:
@@ -69,6 +71,9 @@ try:
     # The naive interposer is the benchmark's strawman, not ours: it is
     # reported, whatever it does (under 8 threads it sometimes gets NULL).
     expect("naive" in rates, "the naive interposer is reported", rates)
+    touch = [l for l in report.splitlines()
+             if re.fullmatch(r"\| (unified|device|pinned) \| [0-9.]+ \| [0-9.]+ \(exit 0\) \|", l)]
+    expect(len(touch) == 3, "first-touch bandwidth from the CPU and the GPU, per backend", touch)
     fork_rows = [l for l in report.splitlines() if l.startswith(("| unified | rd", "| device | rd",
                                                                   "| pinned | rd"))]
     expect(len(fork_rows) == 3 and all("same-data (exit 0)" in l for l in fork_rows),

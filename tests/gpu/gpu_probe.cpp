@@ -14,6 +14,11 @@
 //                                        of a malloc'd block, before and
 //                                        after a kernel wrote it, and what
 //                                        a forked child reads there
+//   gpu_probe touch                      first-touch bandwidth of two
+//                                        256 MiB mallocs: one from the CPU,
+//                                        one from a kernel
+//   gpu_probe context-cost               the device memory one more process's
+//                                        context takes (a child holds one)
 //   gpu_probe reset                      cuDevicePrimaryCtxReset (what
 //                                        cudaDeviceReset does) under a live
 //                                        heap: one line per step survived
@@ -24,6 +29,7 @@
 // "key=value" pairs for the script to read. Exit status: 0 when the probe
 // ran (whatever it found), 1 when it could not (no driver, cuInit failed).
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <new>
 #include <string>
 #include <vector>
@@ -371,6 +378,79 @@ int run_fork() {
   return 0;
 }
 
+int run_touch() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  CUfunction add = nullptr;
+  if (CUresult rc = load_kernel(&add); rc != CUDA_SUCCESS) {
+    std::printf("touch result=no-kernel rc=%s\n", name_of(rc));
+    return 1;
+  }
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  constexpr unsigned kCount = kBytes / sizeof(int);
+  int* cpu = static_cast<int*>(std::malloc(kBytes));
+  int* gpu = static_cast<int*>(std::malloc(kBytes));
+  auto t = std::chrono::steady_clock::now();
+  std::memset(cpu, 0, kBytes);
+  const double cpu_ms = ms_since(t);
+  add_on_gpu(add, gpu, 256, 0);  // the kernel's own start-up, not the memory's
+  t = std::chrono::steady_clock::now();
+  const CUresult rc = add_on_gpu(add, gpu, kCount, 1);
+  const double gpu_ms = ms_since(t);
+  std::printf("touch bytes=%zu cpu_first_touch_gbs=%.2f gpu_first_touch_gbs=%.2f kernel=%s\n",
+              kBytes, kBytes / cpu_ms / 1e6, kBytes / gpu_ms / 1e6, name_of(rc));
+  std::free(cpu);
+  std::free(gpu);
+  return 0;
+}
+
+// A child that holds a context until its stdin closes (context-cost).
+int run_hold() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  std::printf("ready\n");
+  std::fflush(stdout);
+  char c;
+  while (read(STDIN_FILENO, &c, 1) > 0) {
+  }
+  return 0;
+}
+
+int run_context_cost(const char* self) {
+  // The child starts before this process initializes the driver: a fork
+  // after cuInit is not supported.
+  int to_child[2];
+  int from_child[2];
+  if (pipe(to_child) != 0 || pipe(from_child) != 0) return 1;
+  const pid_t child = fork();
+  if (child == 0) {
+    dup2(to_child[0], STDIN_FILENO);
+    dup2(from_child[1], STDOUT_FILENO);
+    close(to_child[1]);
+    close(from_child[0]);
+    execl(self, self, "hold", static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(to_child[0]);
+  close(from_child[1]);
+  char ready[16] = {};
+  const bool held =
+      read(from_child[0], ready, sizeof ready - 1) > 0 && std::strncmp(ready, "ready", 5) == 0;
+  if (!start_driver(nullptr, nullptr)) return 1;
+  size_t with_child = 0;
+  size_t total = 0;
+  g_cu.mem_info(&with_child, &total);
+  close(to_child[1]);  // the child lets go of its context and exits
+  int status = 0;
+  waitpid(child, &status, 0);
+  size_t without_child = with_child;
+  for (int i = 0; i < 20 && without_child == with_child; ++i) {  // the driver frees it lazily
+    usleep(50 * 1000);
+    g_cu.mem_info(&without_child, &total);
+  }
+  std::printf("context-cost child_held=%d device_bytes=%lld\n", held ? 1 : 0,
+              static_cast<long long>(without_child) - static_cast<long long>(with_child));
+  return 0;
+}
+
 // After the reset the heap may be gone, stdio's buffers with it: each step
 // is written with write(2) from the stack.
 void step(const char* what, const char* detail = "") {
@@ -412,10 +492,13 @@ int run_reset() {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
-  if (what != "kernel" && what != "attributes" && what != "costs" && what != "fork" &&
-      what != "reset") {
+  const char* kCommands[] = {"kernel", "attributes",   "costs", "fork",
+                             "touch",  "context-cost", "hold",  "reset"};
+  if (std::none_of(std::begin(kCommands), std::end(kCommands),
+                   [&](const char* c) { return what == c; })) {
     std::fprintf(stderr,
-                 "usage: gpu_probe kernel malloc|new|vector | attributes | costs | fork | reset\n");
+                 "usage: gpu_probe kernel malloc|new|vector | attributes | costs | fork | touch | "
+                 "context-cost | reset\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -423,6 +506,9 @@ int main(int argc, char** argv) {
   if (what == "kernel") return run_kernel(argc > 2 ? argv[2] : "");
   if (what == "attributes") return run_attributes();
   if (what == "fork") return run_fork();
+  if (what == "touch") return run_touch();
+  if (what == "hold") return run_hold();
+  if (what == "context-cost") return run_context_cost(argv[0]);
   if (what == "reset") return run_reset();
   return run_costs();
 }
