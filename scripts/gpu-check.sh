@@ -128,7 +128,59 @@ fi
 costs_status=$(run_step costs 120 none "$probe" costs)
 devices=$(field devices <"$logs/costs.log")
 
+# ---------------------------------------------------------------- 0. the e2e suite
+# tests/e2e/run_e2e.py with E2E_REAL_DRIVER=1: unmodified programs under
+# each backend, with output identical to their plain runs, the heap checked
+# through each process's statistics. It needs a build tree (its probes).
+tree=""
+for dir in "$prebuilt" "$root/build"; do
+  [ -n "$dir" ] && [ -x "$dir/tests/e2e/alloc_probe" ] && { tree=$(cd "$dir" && pwd); break; }
+done
+e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-storm fork-fopen
+           fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options)
+e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
+e2e_rows=()
+if [ -n "$tree" ] && [ -n "$python" ]; then
+  e2e_start=$(date +%s)
+  for backend in unified device pinned; do
+    for case in "${e2e_cases[@]}"; do
+      if [ $(( $(date +%s) - e2e_start )) -ge "$e2e_budget" ]; then
+        e2e_rows+=("| $case | $backend | not run: the step's ${e2e_budget} s were spent |")
+        continue
+      fi
+      status=$(run_step "e2e-$case-$backend" 120 none env E2E_REAL_DRIVER=1 \
+        MNEMOSYNE_LIB="$lib" FAKECUDA_LIB="$driver" ALLOC_PROBE="$tree/tests/e2e/alloc_probe" \
+        THREAD_CHURN="$tree/tests/e2e/thread_churn" FORK_PROBE="$tree/tests/e2e/fork_probe" \
+        FAULT_PROBE="$tree/tests/e2e/fault_probe" STRESS_PROBE="$tree/tests/e2e/stress_probe" \
+        DLOPEN_PROBE="$tree/tests/e2e/dlopen_probe" CTOR_LIB="$tree/tests/e2e/libctor_alloc.so" \
+        SIZE_ROUTE_PROBE="$tree/tests/e2e/size_route_probe" MNEMOSYNE_LAUNCHER="$launcher" \
+        "$python" "$root/tests/e2e/run_e2e.py" "$case" "$backend")
+      verdict=$(grep -m1 -E '^(PASS|FAIL|SKIP)' "$logs/e2e-$case-$backend.log" | cut -c1-160)
+      [ "$status" = "exit 0" ] || [ -n "$verdict" ] || verdict="no verdict ($status)"
+      e2e_rows+=("| $case | $backend | ${verdict:-$status} |")
+    done
+  done
+fi
+
 # ---------------------------------------------------------------- 1. kernel
+say "## 0. The end-to-end suite on this driver"
+say ""
+if [ -z "$tree" ]; then
+  say "Skipped: no build tree with tests/e2e (give --prebuilt BUILD_DIR, or carry build/)."
+elif [ -z "$python" ]; then
+  say "Skipped: no python3."
+else
+  say "tests/e2e/run_e2e.py with E2E_REAL_DRIVER=1: output identical to a plain run, every process's"
+  say "heap on the backend (its statistics file); the double's own log checks are not made."
+  say ""
+  say "| case | backend | verdict |"
+  say "|---|---|---|"
+  for row in "${e2e_rows[@]}"; do say "$row"; done
+  say ""
+  say "$(printf '%s\n' "${e2e_rows[@]}" | grep -c '| PASS') of ${#e2e_rows[@]} passed."
+fi
+say ""
+
 say "## 1. A kernel on memory from plain malloc, new and std::vector"
 say ""
 say "No cudaMalloc, no copy: the kernel adds 7 to 4 MiB of ints in place."
