@@ -99,6 +99,20 @@ run_step() {
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "timed out after ${limit} s"; else echo "exit $rc"; fi
 }
 
+# probe_rows SUBCOMMAND FIELD...: runs `gpu_probe SUBCOMMAND` under each CUDA
+# backend; one table row each with those fields, the last with the exit status.
+probe_rows() {
+  local what=$1 backend status log row f
+  shift
+  for backend in unified device pinned; do
+    status=$(run_step "$what-$backend" 120 "$backend" "$probe" "$what")
+    log="$logs/$what-$backend.log"
+    row="| $backend |"
+    for f in "$@"; do row="$row $(field "$f" <"$log") |"; done
+    say "${row% |} ($status) |"
+  done
+}
+
 say "# mnemosyne on a GPU: $(date -u '+%Y-%m-%d %H:%M UTC')"
 say ""
 say "- machine: $(uname -srm), $(nproc) cores"
@@ -244,11 +258,7 @@ say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int o
 say ""
 say "| backend | from the CPU | from the GPU |"
 say "|---|---|---|"
-for backend in unified device pinned; do
-  status=$(run_step "touch-$backend" 120 "$backend" "$probe" touch)
-  log="$logs/touch-$backend.log"
-  say "| $backend | $(field cpu_first_touch_gbs <"$log") | $(field gpu_first_touch_gbs <"$log") ($status) |"
-done
+probe_rows touch cpu_first_touch_gbs gpu_first_touch_gbs
 say ""
 
 # ---------------------------------------------------------------- fork, reset
@@ -258,12 +268,7 @@ say "An 8 MiB malloc'd block written by the CPU, then by a kernel (+7); a forked
 say ""
 say "| backend | smaps VmFlags | mincore after CPU write | after GPU write | the child read |"
 say "|---|---|---|---|---|"
-for backend in unified device pinned; do
-  status=$(run_step "fork-$backend" 120 "$backend" "$probe" fork)
-  log="$logs/fork-$backend.log"
-  say "| $backend | $(field smaps_vmflags <"$log") | $(field mincore_after_cpu_write <"$log") |" \
-      "$(field mincore_after_gpu_write <"$log") | $(field child <"$log") ($status) |"
-done
+probe_rows fork smaps_vmflags mincore_after_cpu_write mincore_after_gpu_write child
 say ""
 say "(\`dc\`: the mapping is not inherited by fork; mnemosyne copies the heap into the child.)"
 say ""
