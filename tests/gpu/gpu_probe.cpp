@@ -214,6 +214,16 @@ CUresult add_on_gpu(CUfunction add, int* data, unsigned n, int delta) {
   return rc == CUDA_SUCCESS ? g_cu.synchronize() : rc;
 }
 
+// start_driver, then the kernel; on failure one "WHAT result=no-kernel" line.
+bool start_with_kernel(const char* what, CUfunction* add) {
+  if (!start_driver(nullptr, nullptr)) return false;
+  if (CUresult rc = load_kernel(add); rc != CUDA_SUCCESS) {
+    std::printf("%s result=no-kernel rc=%s\n", what, name_of(rc));
+    return false;
+  }
+  return true;
+}
+
 int run_kernel(const std::string& kind) {
   if (!start_driver(nullptr, nullptr)) return 1;
   int pageable = 0;
@@ -348,12 +358,8 @@ std::string resident(const void* p, std::size_t len) {
 }
 
 int run_fork() {
-  if (!start_driver(nullptr, nullptr)) return 1;
   CUfunction add = nullptr;
-  if (CUresult rc = load_kernel(&add); rc != CUDA_SUCCESS) {
-    std::printf("fork result=no-kernel rc=%s\n", name_of(rc));
-    return 1;
-  }
+  if (!start_with_kernel("fork", &add)) return 1;
   constexpr unsigned kCount = 2u << 20;  // 8 MiB of ints
   int* data = static_cast<int*>(std::malloc(kCount * sizeof(int)));
   for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
@@ -379,12 +385,8 @@ int run_fork() {
 }
 
 int run_touch() {
-  if (!start_driver(nullptr, nullptr)) return 1;
   CUfunction add = nullptr;
-  if (CUresult rc = load_kernel(&add); rc != CUDA_SUCCESS) {
-    std::printf("touch result=no-kernel rc=%s\n", name_of(rc));
-    return 1;
-  }
+  if (!start_with_kernel("touch", &add)) return 1;
   constexpr std::size_t kBytes = std::size_t{256} << 20;
   constexpr unsigned kCount = kBytes / sizeof(int);
   int* cpu = static_cast<int*>(std::malloc(kBytes));
