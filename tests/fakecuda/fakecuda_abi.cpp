@@ -117,6 +117,7 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuMemHostAlloc", 2020, cuMemHostAlloc),
     FAKECUDA_PROC("cuMemFreeHost", 2000, cuMemFreeHost),
     FAKECUDA_PROC("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
+    FAKECUDA_PROC("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     FAKECUDA_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),
     FAKECUDA_PROC("cuMemcpyDtoH", 2000, cuMemcpyDtoH),
     FAKECUDA_PROC("cuModuleLoadData", 2000, cuModuleLoadData),

@@ -28,6 +28,11 @@ struct Block {
   int last_advice;
   int last_loc_type;
   int last_loc_id;
+  // The latest SET_PREFERRED_LOCATION still in force, and the range it
+  // covered (one range a block: a later advice replaces it).
+  int preferred;  // a device ordinal, CU_DEVICE_CPU, or CU_DEVICE_INVALID (none)
+  std::uintptr_t preferred_start;
+  std::uintptr_t preferred_end;
 };
 
 // All g_lock.
@@ -138,8 +143,20 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
     os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  *b = Block{
-      reinterpret_cast<std::uintptr_t>(p), size, len, kind, flags, ctx->device, ctx, 0, -1, -1, -1};
+  *b = Block{reinterpret_cast<std::uintptr_t>(p),
+             size,
+             len,
+             kind,
+             flags,
+             ctx->device,
+             ctx,
+             0,
+             -1,
+             -1,
+             -1,
+             CU_DEVICE_INVALID,
+             0,
+             0};
   if (!index_insert(b)) {
     free(b);
     os::unmap(p, len);
@@ -314,6 +331,13 @@ FAKECUDA_API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_adv
       g_counters.advise_last_advice.store(int(advice));
       g_counters.advise_last_loc_type.store(int(location.type));
       rc = static_cast<CUresult>(g_advise_error.load());
+      if (rc == CUDA_SUCCESS && advice == CU_MEM_ADVISE_SET_PREFERRED_LOCATION) {
+        b->preferred = location.type == CU_MEM_LOCATION_TYPE_DEVICE ? location.id : CU_DEVICE_CPU;
+        b->preferred_start = p;
+        b->preferred_end = p + count;
+      } else if (rc == CUDA_SUCCESS && advice == CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION) {
+        b->preferred = CU_DEVICE_INVALID;
+      }
     }
   }
   unlock();
@@ -322,6 +346,29 @@ FAKECUDA_API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_adv
              static_cast<unsigned long long>(p), count, int(advice), int(location.type),
              location.id, int(rc));
   }
+  return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
+}
+
+FAKECUDA_API CUresult cuMemRangeGetAttribute(void* data, size_t dataSize,
+                                             CUmem_range_attribute attribute, CUdeviceptr devPtr,
+                                             size_t count) {
+  static const char kCall[] = "cuMemRangeGetAttribute";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (attribute != CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION) {
+    return fail(kCall, CUDA_ERROR_NOT_SUPPORTED);  // the double answers only this one
+  }
+  if (data == nullptr || dataSize != sizeof(int)) return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  const auto p = std::uintptr_t(devPtr);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Block* b = containing(p);
+  if (b == nullptr || b->kind != kManaged || count == 0 || count > b->map_len - (p - b->addr)) {
+    rc = CUDA_ERROR_INVALID_VALUE;  // managed memory only, inside one block
+  } else {
+    const bool covered = b->preferred_start <= p && p + count <= b->preferred_end;
+    *static_cast<int*>(data) = covered ? b->preferred : int(CU_DEVICE_INVALID);
+  }
+  unlock();
   return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
 }
 

@@ -114,6 +114,7 @@ struct Api {
   PFN_cuMemHostAlloc_v2020 cuMemHostAlloc = nullptr;
   PFN_cuMemFreeHost_v2000 cuMemFreeHost = nullptr;
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute = nullptr;
+  PFN_cuMemRangeGetAttribute_v8000 cuMemRangeGetAttribute = nullptr;
   PFN_cuGetErrorName_v6000 cuGetErrorName = nullptr;
   PFN_cuGetErrorString_v6000 cuGetErrorString = nullptr;
   fakecuda_set_fail_alloc_after_fn set_fail_alloc_after = nullptr;
@@ -179,6 +180,7 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "cuMemHostAlloc", &api->cuMemHostAlloc);
   resolve(h, "cuMemFreeHost", &api->cuMemFreeHost);
   resolve(h, "cuPointerGetAttribute", &api->cuPointerGetAttribute);
+  resolve(h, "cuMemRangeGetAttribute", &api->cuMemRangeGetAttribute);
   resolve(h, "cuGetErrorName", &api->cuGetErrorName);
   resolve(h, "cuGetErrorString", &api->cuGetErrorString);
   resolve(h, "fakecuda_set_fail_alloc_after", &api->set_fail_alloc_after);
@@ -547,6 +549,30 @@ Blocks check_memory(Api& a) {
   CHECK(adv.count == 3 && adv.loc_id == 0);
   CHECK(a.counters().advise_last_device == 0);
   CHECK(a.counters().advise_calls == before.advise_calls + 7);
+
+  // The preferred location of a range: the injected failure above changed
+  // nothing, so device 1 over the first 3 MiB still holds.
+  int where = 42;
+  const auto preferred = [&](CUdeviceptr p, size_t n) {
+    return a.cuMemRangeGetAttribute(&where, sizeof where, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION,
+                                    p, n);
+  };
+  CHECK_RC(preferred(m + kMiB, kMiB), CUDA_SUCCESS);
+  CHECK(where == 1);
+  CHECK_RC(preferred(m, 3 * kMiB), CUDA_SUCCESS);
+  CHECK(where == 1);
+  CHECK_RC(preferred(m, 4 * kMiB), CUDA_ERROR_INVALID_VALUE);  // past the block
+  CHECK_RC(preferred(reinterpret_cast<CUdeviceptr>(out.host), 4096), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemRangeGetAttribute(&where, 8, CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, m, kMiB),
+           CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAdvise(m, kMiB, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, host), CUDA_SUCCESS);
+  CHECK_RC(preferred(m, kMiB), CUDA_SUCCESS);
+  CHECK(where == int(CU_DEVICE_CPU));
+  CHECK_RC(preferred(m, 3 * kMiB), CUDA_SUCCESS);  // part CPU, part not advised
+  CHECK(where == int(CU_DEVICE_INVALID));
+  CHECK_RC(a.cuMemAdvise(m, kMiB, CU_MEM_ADVISE_UNSET_PREFERRED_LOCATION, host), CUDA_SUCCESS);
+  CHECK_RC(preferred(m, kMiB), CUDA_SUCCESS);
+  CHECK(where == int(CU_DEVICE_INVALID));
   return out;
 }
 
