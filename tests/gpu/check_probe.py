@@ -54,9 +54,26 @@ r, _ = probe(["attributes"], preload="unified")
 lines = [l for l in r.stdout.splitlines() if l.startswith("attributes")]
 expect(len(lines) == 2 and all("driver_memory=1 is_managed=1" in l for l in lines),
        "unified: 64-byte and 64 MiB mallocs are managed memory", r)
+for backend, device, want in (("device", "1", "1"), ("unified", "0", "none"),
+                              ("pinned", "0", "CUDA_ERROR_INVALID_VALUE")):
+    r, _ = probe(["attributes"], preload=backend, extra={"MNEMOSYNE_DEVICE": device})
+    lines = [l for l in r.stdout.splitlines() if l.startswith("attributes")]
+    expect(len(lines) == 2 and all(f"preferred_location={want}" in l for l in lines),
+           f"{backend}, device {device}: the preferred location is {want}", r)
 r, f = probe(["costs"], preload="unified")
-expect(r.returncode == 0 and "cuinit_ms" in f and r.stdout.count("alloc-cost") == 3,
-       "costs: cuInit, the context and allocation calls are timed", r)
+costs = [l for l in r.stdout.splitlines() if l.startswith("alloc-cost")]
+expect(r.returncode == 0 and "cuinit_ms" in f and len(costs) == 3
+       and all(re.search(r"managed_ms=[0-9.]+ advise_ms=[0-9.]+ pinned_ms=[0-9.]+", l)
+               for l in costs),
+       "costs: cuInit, the context, allocation calls and cuMemAdvise are timed", r)
+r, _ = probe(["zero"])
+kinds = re.findall(r"zero kind=(\w+) fresh=1 reused=1", r.stdout)
+expect(r.returncode == 0 and kinds == ["managed", "device", "pinned"],
+       "zero: the double's fresh and reused blocks read zero, from the CPU and the GPU", r)
+expect("calloc_zero=1 driver_memory=0" in r.stdout, "zero: without mnemosyne calloc is glibc's", r)
+r, _ = probe(["zero"], preload="pinned")
+expect(re.search(r"calloc_ms=[0-9.]+ calloc_zero=1 driver_memory=1 is_managed=0", r.stdout),
+       "zero: under pinned, a 256 MiB calloc is zeroed driver memory", r)
 r, _ = probe(["kernel", "malloc"], extra={"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"})
 expect(r.returncode == 1 and "error=no-driver" in r.stdout, "no driver: one line, exit 1", r)
 print(f"# {len(failures)} failed")

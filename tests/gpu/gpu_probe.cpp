@@ -5,11 +5,15 @@
 //   gpu_probe kernel malloc|new|vector   a kernel adds 7 to every int of a
 //                                        4 MiB block from that allocator,
 //                                        with no cudaMalloc and no copy
-//   gpu_probe attributes                 the driver's pointer attributes of
-//                                        a 64-byte and a 64 MiB malloc
+//   gpu_probe attributes                 the driver's pointer attributes and
+//                                        preferred location of a 64-byte
+//                                        and a 64 MiB malloc
 //   gpu_probe costs                      cuInit, the primary context, and
-//                                        each allocation call at 4 KiB,
-//                                        2 MiB and 64 MiB
+//                                        each allocation call and
+//                                        cuMemAdvise at 4 KiB, 2 MiB, 64 MiB
+//   gpu_probe zero                       whether fresh and reused driver
+//                                        memory reads zero, and what a
+//                                        256 MiB calloc costs under this heap
 //   gpu_probe fork                       the smaps flags and mincore answer
 //                                        of a malloc'd block, before and
 //                                        after a kernel wrote it, and what
@@ -103,7 +107,9 @@ struct Driver {
   CUresult (*alloc_host)(void**, size_t, unsigned);
   CUresult (*free_host)(void*);
   CUresult (*error_name)(CUresult, const char**);
-  CUresult (*ctx_reset)(CUdevice);  // optional
+  CUresult (*range_attribute)(void*, size_t, CUmem_range_attribute, CUdeviceptr, size_t);
+  CUresult (*advise)(CUdeviceptr, size_t, CUmem_advise, CUmemLocation);  // _v2; optional
+  CUresult (*ctx_reset)(CUdevice);                                       // optional
 };
 
 Driver g_cu;
@@ -153,7 +159,10 @@ bool open_driver() {
             resolve(lib, "cuMemFree_v2", &g_cu.mem_free) &
             resolve(lib, "cuMemHostAlloc", &g_cu.alloc_host) &
             resolve(lib, "cuMemFreeHost", &g_cu.free_host) &
-            resolve(lib, "cuGetErrorName", &g_cu.error_name);
+            resolve(lib, "cuGetErrorName", &g_cu.error_name) &
+            resolve(lib, "cuMemRangeGetAttribute", &g_cu.range_attribute);
+  // Drivers before CUDA 12.2 have only the CUdevice form of cuMemAdvise.
+  g_cu.advise = reinterpret_cast<decltype(g_cu.advise)>(dlsym(lib, "cuMemAdvise_v2"));
   g_cu.ctx_reset =
       reinterpret_cast<CUresult (*)(CUdevice)>(dlsym(lib, "cuDevicePrimaryCtxReset_v2"));
   return ok;
@@ -197,6 +206,20 @@ std::string attributes_of(const void* p) {
                                                          : "other";
   return "driver_memory=1 is_managed=" + std::to_string(managed) + " memory_type=" + type_name +
          " device=" + std::to_string(ordinal);
+}
+
+// cuMemRangeGetAttribute's PREFERRED_LOCATION of [p, p + size): a device
+// ordinal, "cpu", "none" (CU_DEVICE_INVALID: not advised, or mixed), or
+// the error (pinned memory is not managed, so the driver refuses).
+std::string preferred_location(const void* p, std::size_t size) {
+  int where = 0;
+  const auto dp = static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
+  const CUresult rc = g_cu.range_attribute(&where, sizeof where,
+                                           CU_MEM_RANGE_ATTRIBUTE_PREFERRED_LOCATION, dp, size);
+  if (rc != CUDA_SUCCESS) return name_of(rc);
+  if (where == CU_DEVICE_CPU) return "cpu";
+  if (where == CU_DEVICE_INVALID) return "none";
+  return std::to_string(where);
 }
 
 // The probe kernel, compiled by the driver from kPtx.
@@ -274,15 +297,20 @@ int run_attributes() {
   if (!start_driver(nullptr, nullptr)) return 1;
   for (std::size_t size : {std::size_t{64}, std::size_t{64} << 20}) {
     void* p = std::malloc(size);
-    std::printf("attributes size=%zu %s\n", size, attributes_of(p).c_str());
+    std::printf("attributes size=%zu %s preferred_location=%s\n", size, attributes_of(p).c_str(),
+                preferred_location(p, size).c_str());
     std::free(p);
   }
   return 0;
 }
 
-double median(std::vector<double> v) {
+// The median in ms, or "failed" when no call succeeded.
+std::string median_ms(std::vector<double> v) {
+  if (v.empty()) return "failed";
   std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
+  char text[32];
+  std::snprintf(text, sizeof text, "%.4f", v[v.size() / 2]);
+  return text;
 }
 
 int run_costs() {
@@ -298,6 +326,7 @@ int run_costs() {
               init_ms, ctx_ms, free_bytes, total_bytes, devices);
   for (std::size_t size : {std::size_t{4} << 10, std::size_t{2} << 20, std::size_t{64} << 20}) {
     std::vector<double> managed;
+    std::vector<double> advise;
     std::vector<double> host;
     for (int i = 0; i < 10; ++i) {
       CUdeviceptr dp = 0;
@@ -305,6 +334,14 @@ int run_costs() {
       CUresult rc = g_cu.alloc_managed(&dp, size, CU_MEM_ATTACH_GLOBAL);
       if (rc == CUDA_SUCCESS) {
         managed.push_back(ms_since(t));
+        CUmemLocation device{};
+        device.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        device.id = g_device;
+        t = std::chrono::steady_clock::now();
+        if (g_cu.advise != nullptr &&
+            g_cu.advise(dp, size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device) == CUDA_SUCCESS) {
+          advise.push_back(ms_since(t));
+        }
         g_cu.mem_free(dp);
       }
       void* hp = nullptr;
@@ -315,9 +352,93 @@ int run_costs() {
         g_cu.free_host(hp);
       }
     }
-    std::printf("alloc-cost size=%zu managed_ms=%.4f pinned_ms=%.4f\n", size, median(managed),
-                median(host));
+    std::printf("alloc-cost size=%zu managed_ms=%s advise_ms=%s pinned_ms=%s\n", size,
+                median_ms(managed).c_str(), median_ms(advise).c_str(), median_ms(host).c_str());
   }
+  return 0;
+}
+
+bool all_equal(const int* data, std::size_t count, int value) {
+  return std::all_of(data, data + count, [value](int v) { return v == value; });
+}
+
+// One kind of driver memory for run_zero: managed, managed that prefers
+// the device and is first touched by the GPU, or pinned host memory.
+struct ZeroKind {
+  const char* name;
+  bool managed;
+  bool gpu_first;
+};
+
+void* driver_alloc(const ZeroKind& kind, std::size_t bytes) {
+  if (!kind.managed) {
+    void* p = nullptr;
+    return g_cu.alloc_host(&p, bytes, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE) ==
+                   CUDA_SUCCESS
+               ? p
+               : nullptr;
+  }
+  CUdeviceptr dp = 0;
+  if (g_cu.alloc_managed(&dp, bytes, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS) return nullptr;
+  if (kind.gpu_first && g_cu.advise != nullptr) {
+    CUmemLocation device{};
+    device.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    device.id = g_device;
+    g_cu.advise(dp, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device);
+  }
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(dp));
+}
+
+void driver_free(const ZeroKind& kind, void* p) {
+  if (kind.managed) {
+    g_cu.mem_free(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)));
+  } else {
+    g_cu.free_host(p);
+  }
+}
+
+// Whether a fresh block reads zero: from the CPU, or (gpu_first) as the GPU
+// sees it, by a kernel adding 1 to what it reads there.
+const char* reads_zero(CUfunction add, const ZeroKind& kind, int* data, unsigned count) {
+  if (!kind.gpu_first) return all_equal(data, count, 0) ? "1" : "0";
+  if (add_on_gpu(add, data, count, 1) != CUDA_SUCCESS) return "kernel-failed";
+  return all_equal(data, count, 1) ? "1" : "0";
+}
+
+// Whether the driver hands out memory that reads zero, first in this
+// process and again after a block written by the CPU and the GPU was freed
+// (mnemosyne's calloc zeroes driver memory on the CPU until this is known);
+// then what a 256 MiB calloc costs under the heap this runs with.
+int run_zero() {
+  CUfunction add = nullptr;
+  if (!start_with_kernel("zero", &add)) return 1;
+  constexpr std::size_t kBytes = std::size_t{64} << 20;
+  constexpr unsigned kCount = kBytes / sizeof(int);
+  for (const ZeroKind& kind : {ZeroKind{"managed", true, false}, ZeroKind{"device", true, true},
+                               ZeroKind{"pinned", false, false}}) {
+    auto* first = static_cast<int*>(driver_alloc(kind, kBytes));
+    if (first == nullptr) {
+      std::printf("zero kind=%s fresh=alloc-failed\n", kind.name);
+      continue;
+    }
+    const char* fresh = reads_zero(add, kind, first, kCount);
+    std::memset(first, 0xa5, kBytes);
+    add_on_gpu(add, first, kCount, 7);
+    driver_free(kind, first);
+    auto* again = static_cast<int*>(driver_alloc(kind, kBytes));
+    const char* reused = again != nullptr ? reads_zero(add, kind, again, kCount) : "alloc-failed";
+    std::printf("zero kind=%s fresh=%s reused=%s same_address=%d\n", kind.name, fresh, reused,
+                again == first ? 1 : 0);
+    if (again != nullptr) driver_free(kind, again);
+  }
+  constexpr std::size_t kCalloc = std::size_t{256} << 20;
+  const auto t = std::chrono::steady_clock::now();
+  auto* block = static_cast<int*>(std::calloc(kCalloc, 1));
+  const double ms = ms_since(t);
+  const bool zero = block != nullptr && all_equal(block, kCalloc / sizeof(int), 0);
+  std::printf("zero calloc_bytes=%zu calloc_ms=%.2f calloc_zero=%d %s\n", kCalloc, ms, zero ? 1 : 0,
+              attributes_of(block).c_str());
+  std::free(block);
   return 0;
 }
 
@@ -494,19 +615,20 @@ int run_reset() {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
-  const char* kCommands[] = {"kernel", "attributes",   "costs", "fork",
-                             "touch",  "context-cost", "hold",  "reset"};
+  const char* kCommands[] = {"kernel", "attributes", "costs",        "zero", "fork",
+                             "touch",  "hold",       "context-cost", "reset"};
   if (std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const char* c) { return what == c; })) {
     std::fprintf(stderr,
-                 "usage: gpu_probe kernel malloc|new|vector | attributes | costs | fork | touch | "
-                 "context-cost | reset\n");
+                 "usage: gpu_probe kernel malloc|new|vector | attributes | costs | zero | fork | "
+                 "touch | context-cost | reset\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   if (!open_driver()) return 1;
   if (what == "kernel") return run_kernel(argc > 2 ? argv[2] : "");
   if (what == "attributes") return run_attributes();
+  if (what == "zero") return run_zero();
   if (what == "fork") return run_fork();
   if (what == "touch") return run_touch();
   if (what == "hold") return run_hold();
