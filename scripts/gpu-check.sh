@@ -150,8 +150,8 @@ tree=""
 for dir in "$prebuilt" "$root/build"; do
   [ -n "$dir" ] && [ -x "$dir/tests/e2e/alloc_probe" ] && { tree=$(cd "$dir" && pwd); break; }
 done
-e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-storm fork-fopen
-           fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options)
+e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-python-threads
+           fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options)
 e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
 e2e_rows=()
 if [ -n "$tree" ] && [ -n "$python" ]; then
@@ -231,6 +231,10 @@ for backend in unified device pinned; do
   while read -r line; do say "- $backend: ${line#attributes }"; done \
     < <(grep '^attributes' "$logs/attributes-$backend.log")
 done
+say ""
+say "preferred_location is cuMemRangeGetAttribute's PREFERRED_LOCATION: the chosen device under"
+say "\`device\`, none under \`unified\`; pinned memory is not managed, so the driver refuses the query."
+say ""
 count=${devices:-1}
 run_step "bad-device" 60 unified env MNEMOSYNE_DEVICE="$count" /bin/true >/dev/null
 say "- MNEMOSYNE_DEVICE=$count, one past the last of $count device(s): \`$(grep -m1 mnemosyne: "$logs/bad-device.log")\`"
@@ -247,10 +251,12 @@ say ""
 run_step context-cost 60 none "$probe" context-cost >/dev/null
 say "- device memory one more process's context takes (what each process of a tree costs): $(field device_bytes <"$logs/context-cost.log") bytes"
 say ""
-say "| size | cuMemAllocManaged | cuMemHostAlloc |"
-say "|---|---|---|"
+say "Per call, the median of 10 (cuMemAdvise: SET_PREFERRED_LOCATION to the device, on a fresh block):"
+say ""
+say "| size | cuMemAllocManaged | cuMemAdvise | cuMemHostAlloc |"
+say "|---|---|---|---|"
 while read -r l; do
-  say "| $(echo "$l" | field size) | $(echo "$l" | field managed_ms) ms | $(echo "$l" | field pinned_ms) ms |"
+  say "| $(echo "$l" | field size) | $(echo "$l" | field managed_ms) ms | $(echo "$l" | field advise_ms) ms | $(echo "$l" | field pinned_ms) ms |"
 done < <(grep '^alloc-cost' "$logs/costs.log")
 say ""
 
@@ -259,6 +265,29 @@ say ""
 say "| backend | from the CPU | from the GPU |"
 say "|---|---|---|"
 probe_rows touch cpu_first_touch_gbs gpu_first_touch_gbs
+say ""
+
+yes_no() { sed 's/^1$/yes/; s/^0$/no/'; }
+say "Does the driver hand out memory that reads zero? 64 MiB blocks, fresh, and again after a block"
+say "written by the CPU and the GPU was freed (yes: every int read 0; device: first read by a kernel):"
+say ""
+say "| memory | fresh | after a free | same address again |"
+say "|---|---|---|---|"
+zero_status=$(run_step zero-none 120 none "$probe" zero)
+while read -r l; do
+  say "| $(echo "$l" | field kind) | $(echo "$l" | field fresh | yes_no) | $(echo "$l" | field reused | yes_no) | $(echo "$l" | field same_address | yes_no) |"
+done < <(grep '^zero kind=' "$logs/zero-none.log")
+say ""
+say "What a 256 MiB calloc costs (mnemosyne zeroes fresh driver memory on the CPU):"
+say ""
+say "| heap | calloc | reads zero |"
+say "|---|---|---|"
+for heap in none unified device pinned; do
+  status=$zero_status
+  [ "$heap" = none ] || status=$(run_step "zero-$heap" 120 "$heap" "$probe" zero)
+  line=$(grep '^zero calloc' "$logs/zero-$heap.log")
+  say "| ${heap/none/glibc} | $(echo "$line" | field calloc_ms) ms | $(echo "$line" | field calloc_zero | yes_no) ($status) |"
+done
 say ""
 
 # ---------------------------------------------------------------- fork, reset
@@ -326,10 +355,15 @@ c_src="$logs/work.c"
 for i in $(seq 1 300); do echo "int f$i(int x) { int a[$((i % 13 + 1))]; for (int k = 0; k < $((i % 13 + 1)); ++k) a[k] = x * k; return a[x % $((i % 13 + 1))]; }"; done >"$c_src"
 say "| program | $(printf '%s | ' unified device pinned)"
 say "|---|---|---|---|"
-for prog in python3 gcc; do
-  if [ "$prog" = python3 ]; then exe=$python; else exe=$(command -v gcc || true); fi
+np_prog='import numpy as np; a = np.arange(1 << 20, dtype=np.int64).reshape(1024, 1024); b = a @ (a[:, :16] % 97); print(int(b.sum()), int(np.sort(a.ravel() * 7919 % 10007)[::4096].sum()), round(float(np.sqrt(a).sum()), 3))'
+for prog in python3 numpy gcc; do
+  case $prog in
+    python3) exe=$python; cmd=("$exe" -c "$py_prog") ;;
+    numpy) exe=$python; cmd=("$exe" -c "$np_prog")
+           [ -n "$exe" ] && ! "$exe" -c 'import numpy' >/dev/null 2>&1 && exe="" ;;
+    gcc) exe=$(command -v gcc || true); cmd=("$exe" -O2 -S -o - "$c_src") ;;
+  esac
   if [ -z "$exe" ]; then say "| $prog | skipped: not installed | | |"; continue; fi
-  if [ "$prog" = python3 ]; then cmd=("$exe" -c "$py_prog"); else cmd=("$exe" -O2 -S -o - "$c_src"); fi
   want=$(env -u LD_PRELOAD "${cmd[@]}" 2>&1 | sha256sum)
   row="| $prog |"
   for backend in unified device pinned; do

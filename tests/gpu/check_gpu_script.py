@@ -59,6 +59,10 @@ try:
         ("does not exist: the driver reports 2 devices", "a device past the last is refused"),
         ("| python3 | identical | identical | identical |", "python3's output is unchanged"),
         ("| gcc | identical | identical | identical |", "gcc's output is unchanged"),
+        ("- device: size=67108864 driver_memory=1 is_managed=1 memory_type=device device=0 "
+         "preferred_location=0", "device blocks prefer the chosen device"),
+        ("| managed | yes | yes |", "whether fresh managed memory reads zero is reported"),
+        ("| pinned | yes | yes |", "whether fresh pinned memory reads zero is reported"),
         ("- cuInit: ", "cuInit is timed"),
         ("mnemosyne fake GPU 0", "mnemosyne info's report is included"),
         ("one more process's context takes (what each process of a tree costs): 0 bytes",
@@ -83,6 +87,18 @@ try:
                                                                   "| pinned | rd"))]
     expect(len(fork_rows) == 3 and all("same-data (exit 0)" in l for l in fork_rows),
            "a forked child reads what the kernel wrote, on every backend", fork_rows)
+    costs = [l for l in report.splitlines()
+             if re.fullmatch(r"\| \d+ \| [0-9.]+ ms \| [0-9.]+ ms \| [0-9.]+ ms \|", l)]
+    expect(len(costs) == 3, "cuMemAllocManaged, cuMemAdvise and cuMemHostAlloc at three sizes",
+           costs)
+    calloc = [l for l in report.splitlines()
+              if re.fullmatch(r"\| (glibc|unified|device|pinned) \| [0-9.]+ ms \| yes \(exit 0\) \|",
+                              l)]
+    expect(len(calloc) == 4, "a 256 MiB calloc is timed and reads zero under every heap", calloc)
+    numpy_here = subprocess.run(["/usr/bin/python3", "-c", "import numpy"]).returncode == 0
+    if numpy_here:
+        expect("| numpy | identical | identical | identical |" in report,
+               "NumPy's output is unchanged", report)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 
