@@ -381,15 +381,29 @@ say ""
 demo="$root/scripts/gpu_demo.py"
 if [ -z "$python" ] || ! "$python" -c 'import numpy' >/dev/null 2>&1; then
   say "Skipped: NumPy is not installed."
-elif ! "$python" -c 'import cupy' >/dev/null 2>&1 && ! "$python" -c 'import torch' >/dev/null 2>&1; then
-  say "Skipped: neither CuPy nor PyTorch is installed."
 else
-  status=$(run_step demo 180 unified "$python" "$demo")
-  say "\`python3 scripts/gpu_demo.py\` with libmnemosyne.so preloaded, unified backend (as"
-  say "\`mnemosyne run -- python3 scripts/gpu_demo.py\` does; $status):"
+  # As users run it: through the launcher, when it finds its library (a flat
+  # --prebuilt folder is not an installed tree; then LD_PRELOAD, as it does).
+  how="mnemosyne run --backend=unified --"
+  launch=("$launcher" run --backend=unified --)
+  if [ -z "$launcher" ] ||
+     ! env MNEMOSYNE_CUDA_DRIVER="$driver" "$launcher" run --backend=unified -- /bin/true >/dev/null 2>&1; then
+    how="LD_PRELOAD=libmnemosyne.so MNEMOSYNE_BACKEND=unified"
+    launch=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND=unified)
+  fi
+  say "\`$how python3 scripts/gpu_demo.py --with WAY\`"
+  say "for each way installed (\`driver\`, the CUDA driver through ctypes, always is), then without mnemosyne:"
   say ""
   say '```'
-  cat "$logs/demo.log" >>"$report"
+  for way in cupy torch driver; do
+    [ "$way" = driver ] || "$python" -c "import $way" >/dev/null 2>&1 || continue
+    status=$(run_step "demo-$way" 180 none "${launch[@]}" "$python" "$demo" --with "$way")
+    say "\$ $how python3 scripts/gpu_demo.py --with $way   # $status"
+    cat "$logs/demo-$way.log" >>"$report"
+  done
+  status=$(run_step demo-without 120 none "$python" "$demo" --with driver)
+  say "\$ python3 scripts/gpu_demo.py --with driver   # without mnemosyne: $status"
+  cat "$logs/demo-without.log" >>"$report"
   say '```'
 fi
 say ""

@@ -99,6 +99,13 @@ try:
     if numpy_here:
         expect("| numpy | identical | identical | identical |" in report,
                "NumPy's output is unchanged", report)
+    if numpy_here:
+        demo = report.split("## 8.", 1)[-1]
+        expect("--with driver   # exit 0\nthe CUDA driver (libfakecuda.so) through ctypes: kernel ran "
+               "on NumPy memory" in demo and "result checked from NumPy: ok" in demo,
+               "the demo: a kernel adds 7 to a NumPy array in place", demo)
+        expect("without mnemosyne: exit 1\ndriver: the kernel did not run on NumPy memory" in demo
+               and "CUDA_ERROR_ILLEGAL_ADDRESS" in demo, "the demo faults without mnemosyne", demo)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 

@@ -54,39 +54,9 @@
 
 namespace {
 
-// The kernel: data[i] += delta for i < n, one thread an element.
-constexpr char kPtx[] = R"(.version 6.0
-.target sm_50
-.address_size 64
-
-.visible .entry mnemosyne_probe_add(
-    .param .u64 data,
-    .param .u32 n,
-    .param .u32 delta)
-{
-    .reg .pred %p;
-    .reg .b32 %r<8>;
-    .reg .b64 %rd<5>;
-
-    ld.param.u64 %rd1, [data];
-    ld.param.u32 %r1, [n];
-    ld.param.u32 %r2, [delta];
-    mov.u32 %r3, %ctaid.x;
-    mov.u32 %r4, %ntid.x;
-    mov.u32 %r5, %tid.x;
-    mad.lo.s32 %r6, %r3, %r4, %r5;
-    setp.ge.u32 %p, %r6, %r1;
-    @%p bra DONE;
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r6, 4;
-    add.s64 %rd4, %rd2, %rd3;
-    ld.global.u32 %r7, [%rd4];
-    add.s32 %r7, %r7, %r2;
-    st.global.u32 [%rd4], %r7;
-DONE:
-    ret;
-}
-)";
+// The kernel, data[i] += delta for i < n: tests/gpu/probe_add.ptx, made a
+// string by tests/gpu/embed_ptx.py.
+#include "probe_add_ptx.h"
 
 struct Driver {
   CUresult (*init)(unsigned);
