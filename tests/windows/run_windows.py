@@ -47,7 +47,22 @@ class Wine:
         env = dict(self.env)
         env.update(extra_env or {})
         p = subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
-        return p.returncode, p.stdout.decode(errors="replace"), p.stderr.decode(errors="replace")
+        return p.returncode, p.stdout.decode(errors="replace"), wine_own_lines_out(p.stderr)
+
+
+def wine_own_lines_out(stderr):
+    """The program's stderr, less the lines wine's own client writes about its
+    socket to wineserver ("wine client error:354: sendmsg: ..."), which
+    WINEDEBUG does not silence: seen once in a few hundred runs. They are
+    printed, not hidden; the exit status and output checks still see any
+    harm they did."""
+    kept = []
+    for line in stderr.decode(errors="replace").splitlines(keepends=True):
+        if re.match(r"wine client error:\d+: ", line):
+            print(f"# wine itself wrote: {line.strip()}", flush=True)
+        else:
+            kept.append(line)
+    return "".join(kept)
 
 
 def driver_allocations(log_path):
