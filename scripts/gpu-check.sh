@@ -99,6 +99,26 @@ run_step() {
   if [ $rc -eq 124 ] || [ $rc -eq 137 ]; then echo "timed out after ${limit} s"; else echo "exit $rc"; fi
 }
 
+yes_no() { sed 's/^1$/yes/; s/^0$/no/'; }
+
+# log_rows LOG PREFIX FIELD...: a table row for each line of LOG starting
+# with PREFIX, with those fields' values; a FIELD? (0 or 1) reads no or yes.
+log_rows() {
+  local log=$1 prefix=$2 line row f
+  shift 2
+  while read -r line; do
+    row="|"
+    for f in "$@"; do
+      if [ "${f%\?}" != "$f" ]; then
+        row="$row $(echo "$line" | field "${f%\?}" | yes_no) |"
+      else
+        row="$row $(echo "$line" | field "$f") |"
+      fi
+    done
+    say "$row"
+  done < <(grep "^$prefix" "$log")
+}
+
 # probe_rows SUBCOMMAND FIELD...: runs `gpu_probe SUBCOMMAND` under each CUDA
 # backend; one table row each with those fields, the last with the exit status.
 probe_rows() {
@@ -253,11 +273,9 @@ say "- device memory one more process's context takes (what each process of a tr
 say ""
 say "Per call, the median of 10 (cuMemAdvise: SET_PREFERRED_LOCATION to the device, on a fresh block):"
 say ""
-say "| size | cuMemAllocManaged | cuMemAdvise | cuMemHostAlloc |"
+say "| size | cuMemAllocManaged, ms | cuMemAdvise, ms | cuMemHostAlloc, ms |"
 say "|---|---|---|---|"
-while read -r l; do
-  say "| $(echo "$l" | field size) | $(echo "$l" | field managed_ms) ms | $(echo "$l" | field advise_ms) ms | $(echo "$l" | field pinned_ms) ms |"
-done < <(grep '^alloc-cost' "$logs/costs.log")
+log_rows "$logs/costs.log" alloc-cost size managed_ms advise_ms pinned_ms
 say ""
 
 say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int of the second):"
@@ -267,26 +285,23 @@ say "|---|---|---|"
 probe_rows touch cpu_first_touch_gbs gpu_first_touch_gbs
 say ""
 
-yes_no() { sed 's/^1$/yes/; s/^0$/no/'; }
 say "Does the driver hand out memory that reads zero? 64 MiB blocks, fresh, and again after a block"
 say "written by the CPU and the GPU was freed (yes: every int read 0; device: first read by a kernel):"
 say ""
 say "| memory | fresh | after a free | same address again |"
 say "|---|---|---|---|"
 zero_status=$(run_step zero-none 120 none "$probe" zero)
-while read -r l; do
-  say "| $(echo "$l" | field kind) | $(echo "$l" | field fresh | yes_no) | $(echo "$l" | field reused | yes_no) | $(echo "$l" | field same_address | yes_no) |"
-done < <(grep '^zero kind=' "$logs/zero-none.log")
+log_rows "$logs/zero-none.log" 'zero kind=' kind fresh? reused? same_address?
 say ""
 say "What a 256 MiB calloc costs (mnemosyne zeroes fresh driver memory on the CPU):"
 say ""
-say "| heap | calloc | reads zero |"
+say "| heap | calloc, ms | reads zero |"
 say "|---|---|---|"
 for heap in none unified device pinned; do
   status=$zero_status
   [ "$heap" = none ] || status=$(run_step "zero-$heap" 120 "$heap" "$probe" zero)
   line=$(grep '^zero calloc' "$logs/zero-$heap.log")
-  say "| ${heap/none/glibc} | $(echo "$line" | field calloc_ms) ms | $(echo "$line" | field calloc_zero | yes_no) ($status) |"
+  say "| ${heap/none/glibc} | $(echo "$line" | field calloc_ms) | $(echo "$line" | field calloc_zero | yes_no) ($status) |"
 done
 say ""
 
