@@ -164,6 +164,14 @@ fi
 # The costs run first, on a fresh driver: cuInit is then the process's first.
 costs_status=$(run_step costs 120 none "$probe" costs)
 devices=$(field devices <"$logs/costs.log")
+if grep -q '^probe error=' "$logs/costs.log"; then
+  # The library is there but no GPU answers (no device, a broken or
+  # mismatched kernel module): nothing else can run. A fact, not a failure.
+  why=$(grep -m1 '^probe error=' "$logs/costs.log" | sed 's/^probe //')
+  say "The driver does not start, so nothing was checked: \`$why\` ($costs_status; logs/costs.log)."
+  echo "gpu-check: the driver at $driver does not start ($why); nothing to check; report in $report"
+  exit 0
+fi
 
 # ---------------------------------------------------------------- 1. kernel
 say "## 1. A kernel on memory from plain malloc, new and std::vector"

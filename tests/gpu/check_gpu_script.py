@@ -109,6 +109,19 @@ try:
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 
+    broken_dir = os.path.join(tmp, "broken")
+    r = subprocess.run(["bash", SCRIPT, broken_dir, "--prebuilt", flat], capture_output=True,
+                       text=True, timeout=120,
+                       env=clean_env(MNEMOSYNE_CUDA_DRIVER=os.environ["FAKECUDA_LIB"],
+                                     FAKECUDA_INIT_ERROR="100"))
+    with open(os.path.join(broken_dir, "report.md")) as f:
+        broken = f.read()
+    expect(r.returncode == 0 and r.stdout.count("\n") == 1
+           and "does not start (error=cuInit rc=CUDA_ERROR_NO_DEVICE)" in r.stdout
+           and "The driver does not start, so nothing was checked" in broken
+           and "## 1." not in broken,
+           "a driver whose cuInit fails: one line, exit 0, the report says why", repr(r))
+
     have_driver = "libcuda.so.1" in subprocess.run(["ldconfig", "-p"], capture_output=True,
                                                    text=True).stdout
     if not have_driver:
