@@ -21,11 +21,12 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: BACKEND=%s DEVICE=%d%s SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu%s "
-                "FALLBACK=%s",
+                "FALLBACK=%s CONTEXT=%s",
                 backend_name(o.backend), device, o.device_local_rank ? " (local-rank)" : "",
                 o.size_min, o.size_max, o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
                 o.limit == 0 ? " (none)" : "",
-                o.fallback == config::Fallback::fail ? "fail" : "host");
+                o.fallback == config::Fallback::fail ? "fail" : "host",
+                o.context == config::Context::own ? "own" : "primary");
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
@@ -55,6 +56,7 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
   set_driver_path(o.cuda_driver);
   const int device = choose_device(o);
   set_device_ordinal(device);
+  set_own_context(o.context == config::Context::own);
 
   arena::Config cfg;
   cfg.backend = o.backend;

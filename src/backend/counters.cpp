@@ -33,8 +33,15 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
     if (driver_state() == DriverState::ready && ordinal >= count) {
       std::snprintf(out, len, "device %d does not exist: the driver reports %d device%s", ordinal,
                     count, count == 1 ? "" : "s");
+    } else if (own_context() && result == CUDA_ERROR_NOT_SUPPORTED) {
+      const int v = driver_info().version;
+      std::snprintf(out, len,
+                    "MNEMOSYNE_CONTEXT=own needs cuCtxCreate_v4, which this driver, CUDA %d.%d, "
+                    "does not provide (drivers before CUDA 12.5 lack it)",
+                    v / 1000, (v % 1000) / 10);
     } else {
-      std::snprintf(out, len, "device %d's primary context could not be made current: %s", ordinal,
+      std::snprintf(out, len, "device %d's %s context could not be made current: %s", ordinal,
+                    own_context() ? "own (MNEMOSYNE_CONTEXT=own)" : "primary",
                     cu_result_name(static_cast<CUresult>(result)));
     }
   } else if (step == kRegistryFull) {

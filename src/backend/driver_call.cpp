@@ -1,5 +1,6 @@
-// The in-driver flag, the retained primary contexts, and the DriverCall scope
-// that makes one current around each driver call.
+// The in-driver flag, the heap's contexts (retained primary ones, or
+// mnemosyne's own), and the DriverCall scope that makes one current around
+// each driver call.
 #include "backend/driver_call.hpp"
 
 #include <atomic>
@@ -16,38 +17,64 @@ __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_in_driv
 // Set for good on threads the driver started.
 __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_driver_owned = false;
 
-// Primary contexts retained once per device ordinal, and the CUdevice each
-// belongs to (valid once the context slot is non-null).
+// The context each device ordinal's heap lives in (primary, retained once,
+// or mnemosyne's own), and the CUdevice it belongs to (valid once the
+// context slot is non-null).
 constexpr int kMaxDevices = 64;
-constinit std::atomic<CUcontext> g_primary[kMaxDevices] = {};
-constinit std::atomic<CUdevice> g_primary_device[kMaxDevices] = {};
+constinit std::atomic<CUcontext> g_heap_context[kMaxDevices] = {};
+constinit std::atomic<CUdevice> g_heap_device[kMaxDevices] = {};
 
-// Returns the retained primary context of `ordinal`, retaining it on first
-// use. Two threads may race to retain: the loser releases its extra
-// reference, so the context is retained exactly once by mnemosyne.
-CUcontext primary_context(const DriverApi& api, int ordinal, CUdevice* device,
-                          CUresult* error) noexcept {
+// A context of mnemosyne's on dev, not current on any thread. cuCtxCreate
+// makes it current on this one; popping it restores what the thread had.
+CUcontext create_own_context(const DriverApi& api, CUdevice dev, CUresult* error) noexcept {
+  if (api.cuCtxCreate == nullptr) {  // drivers before CUDA 12.5 (see describe_last_failure)
+    *error = CUDA_ERROR_NOT_SUPPORTED;
+    return nullptr;
+  }
+  CUcontext ctx = nullptr;
+  if ((*error = api.cuCtxCreate(&ctx, nullptr, 0, dev)) != CUDA_SUCCESS) return nullptr;
+  CUcontext popped = nullptr;
+  api.cuCtxPopCurrent(&popped);
+  return ctx;
+}
+
+// Returns the heap's context on `ordinal`, retaining the primary context (or
+// creating mnemosyne's own, set_own_context) on first use. Two threads may
+// race: the loser releases its reference (or destroys its context), so the
+// heap has exactly one context per device.
+CUcontext heap_context(const DriverApi& api, int ordinal, CUdevice* device,
+                       CUresult* error) noexcept {
   if (ordinal < 0 || ordinal >= kMaxDevices) {
     *error = CUDA_ERROR_INVALID_DEVICE;
     return nullptr;
   }
-  CUcontext ctx = g_primary[ordinal].load(std::memory_order_acquire);
+  CUcontext ctx = g_heap_context[ordinal].load(std::memory_order_acquire);
   if (ctx != nullptr) {
-    *device = g_primary_device[ordinal].load(std::memory_order_relaxed);
+    *device = g_heap_device[ordinal].load(std::memory_order_relaxed);
     return ctx;
   }
   CUdevice dev = 0;
   if ((*error = api.cuDeviceGet(&dev, ordinal)) != CUDA_SUCCESS) return nullptr;
+  const bool own = own_context();
   CUcontext fresh = nullptr;
-  if ((*error = api.cuDevicePrimaryCtxRetain(&fresh, dev)) != CUDA_SUCCESS || fresh == nullptr) {
+  if (own) {
+    fresh = create_own_context(api, dev, error);
+  } else if ((*error = api.cuDevicePrimaryCtxRetain(&fresh, dev)) != CUDA_SUCCESS) {
+    fresh = nullptr;
+  }
+  if (fresh == nullptr) {
     if (*error == CUDA_SUCCESS) *error = CUDA_ERROR_INVALID_CONTEXT;
     return nullptr;
   }
-  g_primary_device[ordinal].store(dev, std::memory_order_relaxed);
+  g_heap_device[ordinal].store(dev, std::memory_order_relaxed);
   CUcontext expected = nullptr;
-  if (!g_primary[ordinal].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
-                                                  std::memory_order_acquire)) {
-    api.cuDevicePrimaryCtxRelease(dev);  // lost the race: drop the extra reference
+  if (!g_heap_context[ordinal].compare_exchange_strong(expected, fresh, std::memory_order_acq_rel,
+                                                       std::memory_order_acquire)) {
+    if (own) {
+      if (api.cuCtxDestroy != nullptr) api.cuCtxDestroy(fresh);  // lost the race: holds nothing
+    } else {
+      api.cuDevicePrimaryCtxRelease(dev);  // lost the race: drop the extra reference
+    }
     fresh = expected;
   }
   *device = dev;
@@ -83,7 +110,7 @@ DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver) {
   }
   ordinal_ = detail::freeze_device_ordinal();
   CUdevice dev = 0;
-  CUcontext ctx = primary_context(*api, ordinal_, &dev, &error_);
+  CUcontext ctx = heap_context(*api, ordinal_, &dev, &error_);
   if (ctx == nullptr || (error_ = api->cuCtxPushCurrent(ctx)) != CUDA_SUCCESS) return;
   pushed_ = true;
   device_ = dev;

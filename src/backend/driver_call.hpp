@@ -1,7 +1,8 @@
-// Scope of one driver call: makes the configured device's primary context
-// current (retained once), marks the thread as "inside the driver" so the
-// interposer never re-enters the driver from a malloc the driver makes, and on
-// exit restores whatever context the thread had before.
+// Scope of one driver call: makes the heap's context on the configured device
+// current (its primary context, retained once, or mnemosyne's own), marks the
+// thread as "inside the driver" so the interposer never re-enters the driver
+// from a malloc the driver makes, and on exit restores whatever context the
+// thread had before.
 #pragma once
 
 #include <cstdint>
@@ -19,7 +20,7 @@ bool in_driver_call() noexcept;
 // asks the driver for memory on it. Called on threads the driver creates.
 void mark_thread_as_driver_owned() noexcept;
 
-// RAII: sets the in-driver flag, then pushes the primary context of
+// RAII: sets the in-driver flag, then pushes the heap's context on
 // device_ordinal(). ok() is false when the driver is unavailable or the
 // context could not be made current (then nothing is pushed).
 class DriverCall {
@@ -31,12 +32,14 @@ class DriverCall {
 
   bool ok() const noexcept { return api_ != nullptr; }
   // Why ok() is false: the driver's answer to getting the device, retaining
-  // its primary context or pushing it; CUDA_ERROR_NOT_INITIALIZED when the
+  // its context (retaining or creating it) or pushing it;
+  // CUDA_ERROR_NOT_SUPPORTED when an own context needs a newer driver;
+  // CUDA_ERROR_NOT_INITIALIZED when the
   // driver is unavailable.
   CUresult error() const noexcept { return error_; }
   const DriverApi& api() const noexcept { return *api_; }
   CUdevice device() const noexcept { return device_; }
-  // The device ordinal whose primary context is current (device_ordinal(),
+  // The device ordinal whose heap context is current (device_ordinal(),
   // frozen by the first DriverCall).
   int ordinal() const noexcept { return ordinal_; }
 

@@ -27,6 +27,7 @@ constinit std::atomic<bool> g_forked{false};
 // Device ordinal in the low bits; kFrozen once the first allocation used it.
 constexpr unsigned kFrozen = 1u << 31;
 constinit std::atomic<unsigned> g_ordinal{0};
+constinit std::atomic<bool> g_own_context{false};
 
 // Resolves entry points by cuGetProcAddress_v2 when the driver exports it,
 // else by the versioned export name.
@@ -277,6 +278,14 @@ void set_device_ordinal(int ordinal) noexcept {
          !g_ordinal.compare_exchange_weak(cur, static_cast<unsigned>(ordinal),
                                           std::memory_order_relaxed)) {
   }
+}
+
+void set_own_context(bool own) noexcept {
+  g_own_context.store(own, std::memory_order_relaxed);
+}
+
+bool own_context() noexcept {
+  return g_own_context.load(std::memory_order_relaxed);
 }
 
 int device_ordinal() noexcept {

@@ -49,6 +49,13 @@ const DriverInfo& driver_info() noexcept;
 void set_device_ordinal(int ordinal) noexcept;
 int device_ordinal() noexcept;
 
+// The context the CUDA backends allocate in: the device's primary context
+// (false, the default), or one mnemosyne creates with cuCtxCreate_v4 (true),
+// which cuDevicePrimaryCtxReset (cudaDeviceReset) does not free. Read when
+// a device's context is first needed; later changes are ignored.
+void set_own_context(bool own) noexcept;
+bool own_context() noexcept;
+
 // In a child created by fork() without exec the driver must never be called:
 // this makes driver_api() return nullptr for good in this process.
 void driver_mark_forked_child() noexcept;

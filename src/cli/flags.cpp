@@ -60,6 +60,7 @@ std::string metavar_of(const config::OptionInfo& info) {
   if (name == "BACKEND") return "NAME";
   if (name == "DEVICE") return "N|local-rank";
   if (name == "FALLBACK") return "host|fail";
+  if (name == "CONTEXT") return "primary|own";
   switch (info.type) {
     case config::Type::boolean:
       return "";
@@ -83,6 +84,7 @@ std::string syntax_of(const config::OptionInfo& info) {
   if (name == "BACKEND") return "a backend: " + backend_list();
   if (name == "DEVICE") return "a device ordinal (0, 1, ...) or local-rank";
   if (name == "FALLBACK") return "host or fail";
+  if (name == "CONTEXT") return "primary or own";
   switch (info.type) {
     case config::Type::boolean:
       return "a boolean: 1/0, true/false, yes/no, on/off";

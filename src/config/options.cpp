@@ -22,6 +22,7 @@ enum Row : std::size_t {
   kArenaSize,
   kLimit,
   kFallback,
+  kContext,
   kVerbose,
   kShowStats,
   kStatsFile,
@@ -56,6 +57,12 @@ constexpr OptionInfo kTable[kRowCount] = {
      "What a request the backend cannot serve gets: host (memory from the system allocator) or "
      "fail (the allocation fails).",
      "MNEMOSYNE_FALLBACK=fail"},
+    {"CONTEXT", Type::choice, "primary",
+     "The CUDA context the heap is allocated in: primary (the device's primary context, shared "
+     "with the CUDA runtime; cudaDeviceReset frees the heap with it) or own (one context of "
+     "mnemosyne's, which a reset leaves alone, at the device memory of one more context; needs "
+     "a CUDA 12.5 driver).",
+     "MNEMOSYNE_CONTEXT=own"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -86,10 +93,10 @@ constexpr bool row_is(Row row, const char* name) {
 }
 static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is(kSize, "SIZE") &&
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
-              row_is(kFallback, "FALLBACK") && row_is(kVerbose, "VERBOSE") &&
-              row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
-              row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
-              row_is(kDisable, "DISABLE"));
+              row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
+              row_is(kVerbose, "VERBOSE") && row_is(kShowStats, "SHOW_STATS") &&
+              row_is(kStatsFile, "STATS_FILE") && row_is(kCudaDriver, "CUDA_DRIVER") &&
+              row_is(kPrograms, "PROGRAMS") && row_is(kDisable, "DISABLE"));
 
 constexpr char kPrefix[] = "MNEMOSYNE_";
 constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
@@ -298,6 +305,17 @@ void Reader::apply(Row row, const Entry& e) noexcept {
         o.fallback = Fallback::fail;
       } else {
         invalid(row, e, "host or fail");
+      }
+      return;
+    }
+    case kContext: {
+      const std::size_t len = detail::length(e.value);
+      if (equals_ci(e.value, len, "primary")) {
+        o.context = Context::primary;
+      } else if (equals_ci(e.value, len, "own")) {
+        o.context = Context::own;
+      } else {
+        invalid(row, e, "primary or own");
       }
       return;
     }

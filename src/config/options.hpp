@@ -14,6 +14,7 @@
 namespace mnemosyne::config {
 
 enum class Fallback : std::uint8_t { host, fail };
+enum class Context : std::uint8_t { primary, own };
 
 struct Options {
   bool disable = false;                    // DISABLE
@@ -27,6 +28,7 @@ struct Options {
   std::size_t arena_size = std::size_t{64} << 20;  // ARENA_SIZE
   std::size_t limit = 0;                           // LIMIT, 0 = none
   Fallback fallback = Fallback::host;              // FALLBACK
+  Context context = Context::primary;              // CONTEXT
   bool verbose = false;                            // VERBOSE
   bool show_stats = false;                         // SHOW_STATS
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced

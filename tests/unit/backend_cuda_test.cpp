@@ -357,6 +357,56 @@ TEST_F(BackendCudaTest, ConcurrentAllocationsFromEightThreads) {
   EXPECT_EQ(after.live_bytes, before.live_bytes);
 }
 
+// MNEMOSYNE_CONTEXT=own: the heap's blocks belong to a context of
+// mnemosyne's, not the primary one, so cuDevicePrimaryCtxReset (what
+// cudaDeviceReset does) leaves them alone; the calling thread's context is
+// as it was. Fresh process: the context is chosen at the first driver call.
+TEST(BackendOwnContext, BlocksOutliveAPrimaryContextReset) {
+  EXPECT_SCENARIO([] {
+    set_own_context(true);
+    SCENARIO_CHECK(is_cuda_available());
+    const Fake* fake = test::loaded_fake();
+    SCENARIO_CHECK(fake != nullptr);
+    void* managed = CudaUnified::allocate(kSize);
+    void* pinned = CudaHostPinned::allocate(kSize);
+    SCENARIO_CHECK(managed != nullptr && pinned != nullptr);
+    CUcontext current = nullptr;
+    SCENARIO_CHECK(driver_api()->cuCtxGetCurrent(&current) == CUDA_SUCCESS && current == nullptr);
+    CUdevice dev = 0;
+    CUcontext primary = nullptr;
+    CUcontext owner = nullptr;
+    SCENARIO_CHECK(driver_api()->cuDeviceGet(&dev, 0) == CUDA_SUCCESS);
+    SCENARIO_CHECK(driver_api()->cuDevicePrimaryCtxRetain(&primary, dev) == CUDA_SUCCESS);
+    SCENARIO_CHECK(driver_api()->cuPointerGetAttribute(&owner, CU_POINTER_ATTRIBUTE_CONTEXT,
+                                                       reinterpret_cast<CUdeviceptr>(managed)) ==
+                   CUDA_SUCCESS);
+    SCENARIO_CHECK(owner != nullptr && owner != primary);
+    using Reset = CUresult (*)(CUdevice);
+    auto reset = reinterpret_cast<Reset>(test::library_symbol(
+        test::loaded_library(driver_info().path), "cuDevicePrimaryCtxReset_v2"));
+    SCENARIO_CHECK(reset != nullptr && reset(dev) == CUDA_SUCCESS);
+    SCENARIO_CHECK(fake->owns(managed) == 1 && fake->owns(pinned) == 2);
+    std::memset(managed, 1, kSize);
+    SCENARIO_CHECK(CudaUnified::deallocate(managed, kSize));
+    SCENARIO_CHECK(CudaHostPinned::deallocate(pinned, kSize));
+    SCENARIO_CHECK(fake->counters().ctx_freed_blocks == 0);
+  });
+}
+
+// A driver without cuCtxCreate_v4 (before CUDA 12.5): the CUDA backends
+// refuse, and the reason names what is missing.
+TEST(BackendOwnContext, NeedsCuCtxCreateV4) {
+  EXPECT_SCENARIO([] {
+    test::set_env("FAKECUDA_MISSING", "cuCtxCreate");
+    set_own_context(true);
+    SCENARIO_CHECK(is_cuda_available());
+    SCENARIO_CHECK(CudaUnified::allocate(kSize) == nullptr);
+    char why[512];
+    describe_last_failure(BackendId::unified, why, sizeof why);
+    SCENARIO_CHECK(std::strstr(why, "MNEMOSYNE_CONTEXT=own needs cuCtxCreate_v4") != nullptr);
+  });
+}
+
 // Linux only: Windows has no fork().
 #if !defined(_WIN32)
 TEST_F(BackendCudaTest, ForkedChildNeverCallsTheDriver) {

@@ -217,6 +217,7 @@ void expect_defaults(const Options& o) {
   EXPECT_EQ(o.arena_size, d.arena_size);
   EXPECT_EQ(o.limit, d.limit);
   EXPECT_EQ(o.fallback, d.fallback);
+  EXPECT_EQ(o.context, Context::primary);
   EXPECT_EQ(o.verbose, d.verbose);
   EXPECT_EQ(o.show_stats, d.show_stats);
   EXPECT_STREQ(o.stats_file, "");
@@ -239,17 +240,12 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},
-      {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range},
-      {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},
-      {"FALLBACK", Type::choice},
-      {"VERBOSE", Type::boolean},
-      {"SHOW_STATS", Type::boolean},
-      {"STATS_FILE", Type::path},
-      {"CUDA_DRIVER", Type::path},
-      {"PROGRAMS", Type::program_list},
+      {"BACKEND", Type::choice},     {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},    {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},         {"FALLBACK", Type::choice},
+      {"CONTEXT", Type::choice},     {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean}, {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},   {"PROGRAMS", Type::program_list},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -431,6 +427,7 @@ TEST(ConfigRead, EveryOptionValid) {
       "MNEMOSYNE_ARENA_SIZE=256MiB",
       "MNEMOSYNE_LIMIT=8G",
       "MNEMOSYNE_FALLBACK=fail",
+      "MNEMOSYNE_CONTEXT=own",
       "MNEMOSYNE_VERBOSE=1",
       "MNEMOSYNE_SHOW_STATS=yes",
       "MNEMOSYNE_STATS_FILE=/tmp/stats.%p.json",
@@ -449,6 +446,7 @@ TEST(ConfigRead, EveryOptionValid) {
   EXPECT_EQ(o.arena_size, 256 * MiB);
   EXPECT_EQ(o.limit, 8 * GiB);
   EXPECT_EQ(o.fallback, Fallback::fail);
+  EXPECT_EQ(o.context, Context::own);
   EXPECT_TRUE(o.verbose);
   EXPECT_TRUE(o.show_stats);
   EXPECT_STREQ(o.stats_file, "/tmp/stats.%p.json");
@@ -480,6 +478,16 @@ TEST(ConfigRead, NamesMatchCaseInsensitively) {
   EXPECT_EQ(read({"MNEMOSYNE_Fallback=FAIL"}).fallback, Fallback::fail);
   EXPECT_TRUE(read({"mnemosyne_show_stats=TRUE"}).show_stats);
   EXPECT_TRUE(g_lines.empty());
+}
+
+TEST(ConfigRead, ContextChoices) {
+  EXPECT_EQ(read({"MNEMOSYNE_CONTEXT=primary"}).context, Context::primary);
+  EXPECT_EQ(read({"MNEMOSYNE_CONTEXT=OWN"}).context, Context::own);
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_EQ(read({"MNEMOSYNE_CONTEXT=mine"}).context, Context::primary);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_EQ(g_lines[0],
+            "mnemosyne: MNEMOSYNE_CONTEXT=mine is not primary or own; using the default (primary)");
 }
 
 TEST(ConfigRead, EmptyBooleanMeansOn) {
@@ -701,7 +709,7 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   ASSERT_EQ(g_lines.size(), 4u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
-            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, VERBOSE, SHOW_STATS, STATS_FILE, "
+            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, VERBOSE, SHOW_STATS, STATS_FILE, "
             "CUDA_DRIVER, PROGRAMS, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];
