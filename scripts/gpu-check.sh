@@ -86,7 +86,8 @@ say() { printf '%s\n' "$*" >>"$report"; }
 field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
 
 # run_step NAME LIMIT_S HEAP CMD...: runs CMD without mnemosyne (HEAP none)
-# or under it with that backend; output to logs/NAME.log; prints the status.
+# or under it with that backend (BACKEND+own: in mnemosyne's own context,
+# MNEMOSYNE_CONTEXT=own); output to logs/NAME.log; prints the status.
 run_step() {
   local name=$1 limit=$2 heap=$3
   shift 3
@@ -95,7 +96,10 @@ run_step() {
     # The double's own thread would re-enter it through the naive malloc.
     with=(env LD_PRELOAD="$naive" MNEMOSYNE_CUDA_DRIVER="$driver" FAKECUDA_THREAD_ITERS=0)
   elif [ "$heap" != none ]; then
-    with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="$heap" MNEMOSYNE_CUDA_DRIVER="$driver")
+    local context=primary
+    [ "${heap%+own}" != "$heap" ] && context=own
+    with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="${heap%+own}" MNEMOSYNE_CONTEXT="$context"
+          MNEMOSYNE_CUDA_DRIVER="$driver")
   fi
   timeout --kill-after=5 "$limit" "${with[@]}" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
@@ -180,7 +184,7 @@ say "No cudaMalloc, no copy: the kernel adds 7 to 4 MiB of ints in place."
 say ""
 say "| heap | malloc | new | std::vector | memory |"
 say "|---|---|---|---|---|"
-for backend in none unified device pinned; do
+for backend in none unified device pinned unified+own; do
   row="| ${backend/none/without mnemosyne} |"
   memory=""
   for kind in malloc new vector; do
@@ -200,6 +204,7 @@ done
 pageable=$(field pageable_memory_access <"$logs/kernel-none-malloc.log")
 say ""
 say "CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = ${pageable:-?} (1: the GPU reaches any host memory, so the run without mnemosyne works too)."
+say "unified+own: the heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own), the kernel in the primary one."
 say ""
 
 # ---------------------------------------------------------------- 2. attributes
@@ -280,13 +285,14 @@ say "## 5. cuDevicePrimaryCtxReset (what cudaDeviceReset does) under a live heap
 say ""
 say "| backend | last step reached | exit |"
 say "|---|---|---|"
-for backend in unified pinned host; do
+for backend in unified pinned host unified+own pinned+own; do
   status=$(run_step "reset-$backend" 60 "$backend" "$probe" reset)
   last=$(grep '^reset step=' "$logs/reset-$backend.log" | tail -n 1 | sed 's/^reset step=//')
   say "| $backend | ${last:-none} | $status |"
 done
 say ""
 say "Steps: allocated, reset, read-old-block, freed-old-blocks, new-malloc-works; exit 139 is SIGSEGV."
+say "+own: MNEMOSYNE_CONTEXT=own, the heap in a context of mnemosyne's, which the reset should spare."
 say ""
 
 # ---------------------------------------------------------------- 6. throughput

@@ -69,6 +69,12 @@ try:
          "the context cost is measured (the double's contexts take no device memory)"),
         ("| unified | rd,wr,mr,mw,me,dc", "unified segments are marked not to be inherited (dc)"),
         ("| host | new-malloc-works | exit 0 |", "the host backend survives a context reset"),
+        ("| unified+own | new-malloc-works | exit 0 |",
+         "unified in its own context survives a context reset"),
+        ("| pinned+own | new-malloc-works | exit 0 |",
+         "pinned in its own context survives a context reset"),
+        ("| unified+own | ok | ok | ok | device, managed=1 |",
+         "a kernel works on a heap in mnemosyne's own context"),
     ]:
         expect(row in report, what, report)
     section = report.split("## 6. malloc/free throughput", 1)[-1].split("\n## ", 1)[0]

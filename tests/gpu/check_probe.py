@@ -74,6 +74,29 @@ expect("calloc_zero=1 driver_memory=0" in r.stdout, "zero: without mnemosyne cal
 r, _ = probe(["zero"], preload="pinned")
 expect(re.search(r"calloc_ms=[0-9.]+ calloc_zero=1 driver_memory=1 is_managed=0", r.stdout),
        "zero: under pinned, a 256 MiB calloc is zeroed driver memory", r)
+# cudaDeviceReset: the primary context's reset frees a heap allocated in it
+# (the double then dies inside the reset, freeing its own bookkeeping); a
+# heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own) outlives it.
+for backend in ("unified", "device", "pinned"):
+    r, _ = probe(["reset"], preload=backend, extra={"MNEMOSYNE_CONTEXT": "own"})
+    steps = re.findall(r"reset step=(\S+)", r.stdout)
+    expect(r.returncode == 0 and steps == ["allocated", "reset", "read-old-block",
+                                           "freed-old-blocks", "new-malloc-works"]
+           and "value=1" in r.stdout,
+           f"{backend}, own context: the heap outlives cuDevicePrimaryCtxReset", r)
+    r, f = probe(["kernel", "vector"], preload=backend, extra={"MNEMOSYNE_CONTEXT": "own"})
+    expect(f.get("result") == "ok" and f.get("driver_memory") == "1",
+           f"{backend}, own context: a kernel in the primary context works on the heap", r)
+r, _ = probe(["reset"], preload="unified")
+expect(r.returncode != 0 and "reset step=new-malloc-works" not in r.stdout,
+       "unified, primary context: the reset takes the heap with it (the documented limit)", r)
+r, f = probe(["kernel", "malloc"], preload="unified",
+             extra={"MNEMOSYNE_CONTEXT": "own", "FAKECUDA_MISSING": "cuCtxCreate"})
+warnings = [l for l in r.stderr.splitlines() if l.startswith("mnemosyne:")]
+expect(r.returncode == 0 and f.get("driver_memory") == "0" and len(warnings) == 1
+       and "MNEMOSYNE_CONTEXT=own needs cuCtxCreate_v4" in warnings[0]
+       and "the heap uses host memory" in warnings[0],
+       "own context without cuCtxCreate_v4: one warning, the heap on host memory", r)
 r, _ = probe(["kernel", "malloc"], extra={"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"})
 expect(r.returncode == 1 and "error=no-driver" in r.stdout, "no driver: one line, exit 1", r)
 print(f"# {len(failures)} failed")
