@@ -400,7 +400,8 @@ for dir in "$prebuilt" "$root/build"; do
   [ -n "$dir" ] && [ -x "$dir/tests/e2e/alloc_probe" ] && { tree=$(cd "$dir" && pwd); break; }
 done
 e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-python-threads
-           fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options)
+           fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
+           own-context)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))
 e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
 [ "$left" -lt "$e2e_budget" ] && e2e_budget=$(( left > 0 ? left : 0 ))

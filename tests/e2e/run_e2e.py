@@ -36,7 +36,7 @@ REAL = os.environ.get("E2E_REAL_DRIVER") == "1"
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
-    "fork-own-handler", "fork-gdb", "bad-options", "exports",
+    "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
 }
 LAST_STATS_DIR = [None]  # the statistics folder of the latest run under the interposer
 
@@ -614,6 +614,34 @@ def case_fork_python_threads(tmp, backend):
     events, _, _ = twice(tmp, backend, [PYTHON, "-c", PY_FORK_THREADS], "python fork + threads")
     check_heap(events, backend, 0)
     check_children_quiet(events)
+
+
+# A CUDA sample's ending: cudaDeviceReset at the end of main (here python3
+# resets the primary context through ctypes), then the interpreter's exit
+# frees its objects.
+PY_RESET_AT_END = PY_WORKLOAD + r"""
+import ctypes
+cu = ctypes.CDLL(os.environ["E2E_DRIVER"])
+cu.cuInit(0)
+print("reset", cu.cuDevicePrimaryCtxReset_v2(0))
+"""
+
+
+def case_own_context(tmp, backend):
+    """MNEMOSYNE_CONTEXT=own: a program that resets the primary context at the
+    end of main exits as it does without mnemosyne, its heap untouched."""
+    cmd = [PYTHON, "-c", PY_RESET_AT_END]
+    extra = {"E2E_DRIVER": FAKE, "MNEMOSYNE_CONTEXT": "own"}
+    events, _, _ = twice(tmp, backend, cmd, "python3 resetting the primary context", extra)
+    check_heap(events, backend, 0)
+    if REAL:
+        return
+    expect(not [e for e in events if e["event"] == "ctx-free"],
+           "the reset freed blocks of the heap's own context")
+    # The default context: the reset frees the heap and the exit's frees
+    # crash. This is the README's limit; if it passes one day, say so there.
+    run = Run(tmp, backend, True, {"E2E_DRIVER": FAKE})
+    expect(run(cmd).returncode != 0, "the primary context's heap survived a reset: update README")
 
 
 def one_warning(mine, needle):
