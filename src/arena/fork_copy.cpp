@@ -40,6 +40,7 @@
 #include "arena/state.hpp"
 #include "backend/backends.hpp"
 #include "backend/loader.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne::arena {
 namespace {
@@ -81,10 +82,6 @@ enum ChildState : int { kIdle, kPending, kRestored };
 constinit std::atomic<int> g_child_state{kIdle};
 constinit bool g_child_complete = true;  // in the child: every segment was restored
 constinit bool g_in_forked_child = false;
-
-std::size_t page_size() noexcept {
-  return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));  // glibc keeps it: no system call
-}
 
 bool inherited(BackendId id) noexcept {
   return g_in_forked_child ||
@@ -148,7 +145,7 @@ bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
 // pages are faulted in by one madvise first: a fault per 4 KiB page costs
 // more than the copy itself (kernels before 5.14 lack it: the copy faults).
 void cpu_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
-  const std::size_t page = page_size();
+  const std::size_t page = Os::page_size();
   auto* src = static_cast<const unsigned char*>(pass.shadow->target);
   auto* dst = static_cast<unsigned char*>(pass.shadow->copy);
   madvise(dst + first * page, count * page, MADV_POPULATE_WRITE);
@@ -159,7 +156,7 @@ void cpu_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
 // Early pass: pages [first, first + count), which the CPU has not mapped,
 // through copy_out, chunk by chunk; zero pages stay unallocated.
 void early_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
-  const std::size_t page = page_size();
+  const std::size_t page = Os::page_size();
   Shadow& s = *pass.shadow;
   auto* src = static_cast<const unsigned char*>(s.target);
   auto* dst = static_cast<unsigned char*>(s.copy);
@@ -197,7 +194,7 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
   // Not copied early (no fork() wrapper, the copy failed, or allocated since):
   // read with the CPU, which migrates the data but reads it right. Pages
   // that read as zero (never touched, most likely) stay unallocated.
-  const std::size_t page = page_size();
+  const std::size_t page = Os::page_size();
   auto* src = static_cast<const unsigned char*>(pass.shadow->target);
   auto* dst = static_cast<unsigned char*>(pass.shadow->copy);
   for (std::size_t i = first; i < first + count; ++i) {
@@ -210,7 +207,7 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
 // mnemosyne_mi_range_fn: one live range of the segment the pass copies.
 void copy_range(void* start, std::size_t size, void* arg) noexcept {
   Pass& pass = *static_cast<Pass*>(arg);
-  const std::size_t page = page_size();
+  const std::size_t page = Os::page_size();
   auto* base = static_cast<unsigned char*>(pass.shadow->target);
   const std::size_t first =
       static_cast<std::size_t>(static_cast<unsigned char*>(start) - base) / page;
@@ -250,8 +247,8 @@ bool map_shadow(Shadow& s, const SegmentTable::Entry& e, bool with_bitmap) noexc
   s.copy = map_anonymous(s.size);
   if (s.copy == nullptr) return false;
   if (with_bitmap) {
-    const std::size_t pages = s.size / page_size();
-    s.early_map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), page_size());
+    const std::size_t pages = s.size / Os::page_size();
+    s.early_map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), Os::page_size());
     s.early = static_cast<std::uint64_t*>(map_anonymous(s.early_map_bytes));
     if (s.early == nullptr) {
       unmap_shadow(s);
