@@ -51,10 +51,9 @@ struct Slot {
 };
 
 extern Slot g_slots[kSlots + 1];  // the last one is shared by overflow threads
-// constinit here too: no TLS wrapper call on each access.
-// constinit on the declaration too: no TLS wrapper call at each access.
-extern
-    __attribute__((tls_model("initial-exec"))) constinit thread_local int t_slot;  // -1: none yet
+// The thread's slot, -1 before its first count. constinit on the
+// declaration too: without it every access calls a TLS wrapper.
+extern __attribute__((tls_model("initial-exec"))) constinit thread_local int t_slot;
 
 int claim_slot() noexcept;  // first count of a thread
 void shared_count(PoolSlot& s, int pool, std::int64_t allocs, std::int64_t frees,
