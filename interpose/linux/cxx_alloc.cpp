@@ -51,28 +51,11 @@ constexpr const char* kSymbols[kPieceCount][2] = {
 constinit std::atomic<void*> g_pieces[kPieceCount] = {};
 constinit std::atomic<bool> g_resolved{false};
 
-// Looks the runtime up (dlopen and dlsym allocate: at start, or on a
-// failure, when malloc may fail them too).
-void resolve() noexcept {
-  if (!g_resolved.load(std::memory_order_acquire)) {
-    for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
-      void* lib = dlopen(kRuntimes[r], RTLD_LAZY | RTLD_NOLOAD);
-      if (lib == nullptr) continue;
-      for (int i = 0; i < kPieceCount; ++i) {
-        g_pieces[i].store(dlsym(lib, kSymbols[i][r]), std::memory_order_relaxed);
-      }
-      dlclose(lib);  // only the reference RTLD_NOLOAD took: the runtime stays
-      g_resolved.store(true, std::memory_order_release);
-      break;
-    }
-  }
-}
-
 // The runtime's `piece`, or nullptr when no C++ runtime is loaded. Found at
 // start (a program linked with libstdc++ has it loaded by then), else on
 // the first failed allocation, and again later while none is found.
 void* runtime(Piece piece) noexcept {
-  resolve();
+  resolve_runtime();
   return g_pieces[piece].load(std::memory_order_relaxed);
 }
 
@@ -106,8 +89,20 @@ constexpr std::nothrow_t kNothrowTag{};
 
 }  // namespace
 
+// dlopen and dlsym allocate: called at start, or on a failure, when malloc
+// may fail them too.
 void resolve_runtime() noexcept {
-  resolve();
+  if (g_resolved.load(std::memory_order_acquire)) return;
+  for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
+    void* lib = dlopen(kRuntimes[r], RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == nullptr) continue;
+    for (int i = 0; i < kPieceCount; ++i) {
+      g_pieces[i].store(dlsym(lib, kSymbols[i][r]), std::memory_order_relaxed);
+    }
+    dlclose(lib);  // only the reference RTLD_NOLOAD took: the runtime stays
+    g_resolved.store(true, std::memory_order_release);
+    return;
+  }
 }
 
 void* allocate_failed(std::size_t size) {
