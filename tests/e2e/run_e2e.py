@@ -6,6 +6,7 @@ driver), requires byte-identical results, and reads the double's log to check
 where the heap landed. Usage: run_e2e.py CASE [BACKEND]. Paths come from the
 environment that meson's test() sets (see meson.build).
 """
+import json
 import os
 import re
 import shutil
@@ -159,17 +160,22 @@ def check_heap(events, backend, device=0, injected=()):
                f"device backend: advice must name device {device}: {advice[:3]}")
 
 
-def check_stats(backend):
-    """A real driver: every process that wrote statistics ran its heap on
-    the backend, without a fallback to host memory."""
-    import json
+def stats_docs():
+    """The statistics file of every process of the latest run under the
+    interposer (real-driver mode), parsed."""
     folder = LAST_STATS_DIR[0]
     docs = []
     for name in sorted(os.listdir(folder)) if folder else []:
         with open(os.path.join(folder, name)) as f:
             docs.append(json.load(f))
     expect(docs, f"no process wrote its statistics into {folder}")
-    for doc in docs:
+    return docs
+
+
+def check_stats(backend):
+    """A real driver: every process that wrote statistics ran its heap on
+    the backend, without a fallback to host memory."""
+    for doc in stats_docs():
         expect(doc["active_backend"] == backend,
                f"{doc['program']} (pid {doc['pid']}) ran on {doc['active_backend']}, not {backend}")
         pool = doc["pools"].get(backend, {})
@@ -409,10 +415,7 @@ def case_thread_churn(tmp, backend):
     check_heap(events, backend, 0)
     total = sum(int(e["size"]) for e in events if e["event"] == "alloc")
     if REAL:
-        import json
-        folder = LAST_STATS_DIR[0]
-        total = sum(json.load(open(os.path.join(folder, n)))["pools"][backend]["bytes_reserved"]
-                    for n in os.listdir(folder))
+        total = sum(doc["pools"][backend]["bytes_reserved"] for doc in stats_docs())
     # 4000 threads, 32 alive at a time. mimalloc 2.0.9 gives each live
     # thread its own 32 MiB segment, so with every thread of a wave running
     # at once (many cores) the heap needs 33 segments, and arenas double
@@ -768,7 +771,6 @@ def run_fault_cell(tmp, backend, cell):
                f"{cell}: expected one line matching {needle!r}, got {lines}")
         expect(("host memory" in lines[0]), f"{cell}: the line should say where the heap goes")
     if cell == "advice-fails":
-        import json
         with open(stats) as f:
             pool = json.load(f)["pools"][backend]
         expect(pool["advice_failures"] >= 1, f"advice failures not counted: {pool}")
@@ -931,7 +933,6 @@ def validate_stats(doc):
 
 
 def case_stats_json(tmp, backend):
-    import json
     pattern = os.path.join(tmp, "stats-%p.json")
     run = Run(tmp, backend, True, {"MNEMOSYNE_STATS_FILE": pattern, "FAKECUDA_FAIL_ALLOC_AFTER": "2"})
     r = run([PYTHON, "-c", PY_HUNGRY])
@@ -962,7 +963,6 @@ def case_stats_json(tmp, backend):
 
 
 def case_launcher_stats(tmp, backend):
-    import json
     expect(LAUNCHER, "MNEMOSYNE_LAUNCHER not set")
     log = os.path.join(tmp, "fake.log")
     out = os.path.join(tmp, "s.json")
@@ -1128,7 +1128,6 @@ def case_readme_options(tmp, backend):
 
 def case_stats_api(tmp, backend):
     """mnemosyne_stats_json() answers on demand, without any stats option."""
-    import json
     script = (
         "import ctypes, json\n"
         "lib = ctypes.CDLL(None)\n"
@@ -1182,7 +1181,6 @@ def case_driver_thread(tmp, backend):
     so the pthread_create wrapper marked it: the arena serves it from the
     host heap instead of calling the driver (the double aborts on that
     self-deadlock)."""
-    import json
     stats = os.path.join(tmp, "stats.json")
     run = Run(tmp, backend, True, {"FAKECUDA_THREAD_ALLOC_MAX": str(256 << 20),
                                    "FAKECUDA_THREAD_ITERS": "60", "MNEMOSYNE_TEST_FAKE": FAKE,
