@@ -24,15 +24,15 @@ struct Block {
   unsigned flags;
   int device;
   const Ctx* ctx;
-  int advice_count;
-  int last_advice;
-  int last_loc_type;
-  int last_loc_id;
+  int advice_count = 0;
+  int last_advice = -1;
+  int last_loc_type = -1;
+  int last_loc_id = -1;
   // The latest SET_PREFERRED_LOCATION still in force, and the range it
   // covered (one range a block: a later advice replaces it).
-  int preferred;  // a device ordinal, CU_DEVICE_CPU, or CU_DEVICE_INVALID (none)
-  std::uintptr_t preferred_start;
-  std::uintptr_t preferred_end;
+  int preferred = CU_DEVICE_INVALID;  // a device ordinal, CU_DEVICE_CPU, or none
+  std::uintptr_t preferred_start = 0;
+  std::uintptr_t preferred_end = 0;
 };
 
 // All g_lock.
@@ -78,6 +78,16 @@ Block* containing(std::uintptr_t p) noexcept {
   if (i < 0) return nullptr;
   Block* b = g_blocks[i];
   return p - b->addr < b->size ? b : nullptr;
+}
+
+// The managed block that holds all of [p, p + count), count > 0 (up to its
+// page-rounded end), or nullptr: what the advice and range calls accept.
+Block* managed_holding(std::uintptr_t p, std::size_t count) noexcept {
+  Block* b = containing(p);
+  if (b == nullptr || b->kind != kManaged || count == 0 || count > b->map_len - (p - b->addr)) {
+    return nullptr;
+  }
+  return b;
 }
 
 long index_of_start(std::uintptr_t p, int kind) noexcept {
@@ -143,20 +153,13 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
     os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  *b = Block{reinterpret_cast<std::uintptr_t>(p),
-             size,
-             len,
-             kind,
-             flags,
-             ctx->device,
-             ctx,
-             0,
-             -1,
-             -1,
-             -1,
-             CU_DEVICE_INVALID,
-             0,
-             0};
+  *b = Block{.addr = reinterpret_cast<std::uintptr_t>(p),
+             .size = size,
+             .map_len = len,
+             .kind = kind,
+             .flags = flags,
+             .device = ctx->device,
+             .ctx = ctx};
   if (!index_insert(b)) {
     free(b);
     os::unmap(p, len);
@@ -296,8 +299,7 @@ FAKECUDA_API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_adv
   Block* b = nullptr;
   if (usable_current() == nullptr) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (b = containing(p); b == nullptr || b->kind != kManaged || count == 0 ||
-                                count > b->map_len - (p - b->addr)) {
+  } else if (b = managed_holding(p, count); b == nullptr) {
     rc = CUDA_ERROR_INVALID_VALUE;
   } else if (advice < CU_MEM_ADVISE_SET_READ_MOSTLY || advice > CU_MEM_ADVISE_UNSET_ACCESSED_BY) {
     rc = CUDA_ERROR_INVALID_VALUE;
@@ -361,8 +363,8 @@ FAKECUDA_API CUresult cuMemRangeGetAttribute(void* data, size_t dataSize,
   const auto p = std::uintptr_t(devPtr);
   lock(kCall);
   CUresult rc = CUDA_SUCCESS;
-  const Block* b = containing(p);
-  if (b == nullptr || b->kind != kManaged || count == 0 || count > b->map_len - (p - b->addr)) {
+  const Block* b = managed_holding(p, count);
+  if (b == nullptr) {
     rc = CUDA_ERROR_INVALID_VALUE;  // managed memory only, inside one block
   } else {
     const bool covered = b->preferred_start <= p && p + count <= b->preferred_end;
