@@ -207,6 +207,28 @@ CUresult add_on_gpu(CUfunction add, int* data, unsigned n, int delta) {
   return rc == CUDA_SUCCESS ? g_cu.synchronize() : rc;
 }
 
+// The index pattern data[i] = i, and whether data[i] == i + delta after the
+// kernel added delta.
+void fill_index(int* data, unsigned n) {
+  for (unsigned i = 0; i < n; ++i) data[i] = static_cast<int>(i);
+}
+bool holds_index_plus(const int* data, unsigned n, int delta) {
+  for (unsigned i = 0; i < n; ++i) {
+    if (data[i] != static_cast<int>(i) + delta) return false;
+  }
+  return true;
+}
+
+// cuMemAdvise_v2 SET_PREFERRED_LOCATION to the probe's device;
+// CUDA_ERROR_NOT_FOUND on a driver without it.
+CUresult prefer_device(CUdeviceptr dp, std::size_t size) {
+  if (g_cu.advise == nullptr) return CUDA_ERROR_NOT_FOUND;
+  CUmemLocation device{};
+  device.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  device.id = g_device;
+  return g_cu.advise(dp, size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device);
+}
+
 // start_driver, then the kernel; on failure one "WHAT result=no-kernel" line.
 bool start_with_kernel(const char* what, CUfunction* add) {
   if (!start_driver(nullptr, nullptr)) return false;
@@ -218,15 +240,10 @@ bool start_with_kernel(const char* what, CUfunction* add) {
 }
 
 int run_kernel(const std::string& kind) {
-  if (!start_driver(nullptr, nullptr)) return 1;
+  CUfunction add = nullptr;
+  if (!start_with_kernel("kernel", &add)) return 1;
   int pageable = 0;
   g_cu.device_attribute(&pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, g_device);
-  CUfunction add = nullptr;
-  CUresult rc = load_kernel(&add);
-  if (rc != CUDA_SUCCESS) {
-    std::printf("kernel kind=%s result=no-kernel rc=%s\n", kind.c_str(), name_of(rc));
-    return 1;
-  }
   constexpr unsigned kCount = 1u << 20;  // 4 MiB of ints
   std::vector<int> from_vector;
   int* data = nullptr;
@@ -241,21 +258,13 @@ int run_kernel(const std::string& kind) {
     std::fprintf(stderr, "gpu_probe: kernel malloc|new|vector\n");
     return 2;
   }
-  for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
+  fill_index(data, kCount);
   const auto t = std::chrono::steady_clock::now();
-  rc = add_on_gpu(add, data, kCount, 7);
+  const CUresult rc = add_on_gpu(add, data, kCount, 7);
   const double ms = ms_since(t);
-  const char* result = "ok";
-  if (rc != CUDA_SUCCESS) {
-    result = name_of(rc);
-  } else {
-    for (unsigned i = 0; i < kCount; ++i) {
-      if (data[i] != static_cast<int>(i) + 7) {
-        result = "wrong-data";
-        break;
-      }
-    }
-  }
+  const char* result = rc != CUDA_SUCCESS                  ? name_of(rc)
+                       : holds_index_plus(data, kCount, 7) ? "ok"
+                                                           : "wrong-data";
   std::printf("kernel kind=%s result=%s ms=%.3f pageable_memory_access=%d %s\n", kind.c_str(),
               result, ms, pageable, attributes_of(data).c_str());
   if (kind == "malloc") std::free(data);
@@ -304,14 +313,8 @@ int run_costs() {
       CUresult rc = g_cu.alloc_managed(&dp, size, CU_MEM_ATTACH_GLOBAL);
       if (rc == CUDA_SUCCESS) {
         managed.push_back(ms_since(t));
-        CUmemLocation device{};
-        device.type = CU_MEM_LOCATION_TYPE_DEVICE;
-        device.id = g_device;
         t = std::chrono::steady_clock::now();
-        if (g_cu.advise != nullptr &&
-            g_cu.advise(dp, size, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device) == CUDA_SUCCESS) {
-          advise.push_back(ms_since(t));
-        }
+        if (prefer_device(dp, size) == CUDA_SUCCESS) advise.push_back(ms_since(t));
         g_cu.mem_free(dp);
       }
       void* hp = nullptr;
@@ -350,12 +353,7 @@ void* driver_alloc(const ZeroKind& kind, std::size_t bytes) {
   }
   CUdeviceptr dp = 0;
   if (g_cu.alloc_managed(&dp, bytes, CU_MEM_ATTACH_GLOBAL) != CUDA_SUCCESS) return nullptr;
-  if (kind.gpu_first && g_cu.advise != nullptr) {
-    CUmemLocation device{};
-    device.type = CU_MEM_LOCATION_TYPE_DEVICE;
-    device.id = g_device;
-    g_cu.advise(dp, bytes, CU_MEM_ADVISE_SET_PREFERRED_LOCATION, device);
-  }
+  if (kind.gpu_first) prefer_device(dp, bytes);
   return reinterpret_cast<void*>(static_cast<std::uintptr_t>(dp));
 }
 
@@ -453,19 +451,14 @@ int run_fork() {
   if (!start_with_kernel("fork", &add)) return 1;
   constexpr unsigned kCount = 2u << 20;  // 8 MiB of ints
   int* data = static_cast<int*>(std::malloc(kCount * sizeof(int)));
-  for (unsigned i = 0; i < kCount; ++i) data[i] = static_cast<int>(i);
+  fill_index(data, kCount);
   std::printf("fork smaps_vmflags=%s\n", smaps_flags(data).c_str());
   std::printf("fork mincore_after_cpu_write=%s\n", resident(data, kCount * sizeof(int)).c_str());
   const CUresult rc = add_on_gpu(add, data, kCount, 7);
   std::printf("fork kernel=%s mincore_after_gpu_write=%s\n", name_of(rc),
               resident(data, kCount * sizeof(int)).c_str());
   const pid_t child = fork();
-  if (child == 0) {
-    for (unsigned i = 0; i < kCount; ++i) {
-      if (data[i] != static_cast<int>(i) + 7) _exit(1);
-    }
-    _exit(0);
-  }
+  if (child == 0) _exit(holds_index_plus(data, kCount, 7) ? 0 : 1);
   int status = 0;
   waitpid(child, &status, 0);
   const char* seen =
