@@ -72,18 +72,18 @@ void new_handler_checks(size_t impossible) {
   check(threw && g_handler_calls == 3, "aligned new calls the new-handler, then throws");
   g_handler_calls = 0;
   std::set_new_handler(handler_three_times);
-  check(new (std::nothrow) char[impossible] == nullptr&& g_handler_calls == 3,
+  check((new (std::nothrow) char[impossible] == nullptr) && g_handler_calls == 3,
         "nothrow new calls the new-handler, then returns null");
   g_handler_calls = 0;
   std::set_new_handler(handler_three_times);
-  check(::operator new(impossible, al, std::nothrow) == nullptr&& g_handler_calls == 3,
+  check((::operator new(impossible, al, std::nothrow) == nullptr) && g_handler_calls == 3,
         "aligned nothrow new calls the new-handler, then returns null");
   g_handler_calls = 0;
   std::set_new_handler(handler_throws);
-  check(new (std::nothrow) char[impossible] == nullptr&& g_handler_calls == 1,
+  check((new (std::nothrow) char[impossible] == nullptr) && g_handler_calls == 1,
         "nothrow new returns null when the new-handler throws");
   g_handler_calls = 0;
-  check(::operator new(impossible, al, std::nothrow) == nullptr&& g_handler_calls == 1,
+  check((::operator new(impossible, al, std::nothrow) == nullptr) && g_handler_calls == 1,
         "aligned nothrow new returns null when the handler throws");
   std::set_new_handler(nullptr);
 }
