@@ -3,6 +3,13 @@
 // the arena, but never make it call the driver again. Such a thread can hold
 // the driver's own lock when it calls malloc, and asking the driver for a new
 // segment from there would deadlock.
+//
+// They also start with every asynchronous signal blocked. The program did
+// not start them and cannot know to block its signals there: a signal it
+// blocks in its own threads, to sigwait() it or read it from a signalfd,
+// would otherwise be delivered to the driver's thread instead (a handler run
+// there, or the default action killing the process). The new thread inherits
+// its creator's mask, so the creator blocks them just around the creation.
 #include <dlfcn.h>
 #include <pthread.h>
 
@@ -10,6 +17,7 @@
 
 #include "backend/driver_call.hpp"
 #include "libc.hpp"
+#include "platform/platform.hpp"
 
 namespace {
 
@@ -49,7 +57,11 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
   auto* start = static_cast<Start*>(__libc_malloc(sizeof(Start)));
   if (start == nullptr) return EAGAIN;
   *start = Start{routine, arg};
-  const int rc = create(thread, attr, &driver_thread_main, start);
+  int rc;
+  {
+    mnemosyne::AsyncSignalsBlocked inherited_by_the_thread;
+    rc = create(thread, attr, &driver_thread_main, start);
+  }
   if (rc != 0) __libc_free(start);
   return rc;
 }

@@ -6,6 +6,8 @@
 
 #include <atomic>
 
+#include "platform/platform.hpp"
+
 namespace mnemosyne {
 
 class SpinLock {
@@ -23,6 +25,9 @@ class SpinLock {
   std::atomic<bool> flag_{false};
 };
 
+// Holds the lock with the thread's asynchronous signals blocked: a handler
+// that interrupted the holder could otherwise fork, and the fork's copy of
+// the heap takes the same lock on the same thread.
 class SpinGuard {
  public:
   explicit SpinGuard(SpinLock& lock) noexcept : lock_(lock) { lock_.lock(); }
@@ -31,6 +36,7 @@ class SpinGuard {
   SpinGuard& operator=(const SpinGuard&) = delete;
 
  private:
+  AsyncSignalsBlocked blocked_;  // constructed first, released last
   SpinLock& lock_;
 };
 

@@ -8,6 +8,10 @@
 #include <cstddef>
 #include <cstdint>
 
+#if !defined(_WIN32)
+#include <signal.h>
+#endif
+
 namespace mnemosyne::platform {
 
 // Each OS defines these in platform_<os>.cpp. Nothing here allocates through
@@ -30,9 +34,20 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   { P::pause(n) } -> std::same_as<void>;
   { P::monotonic_ns() } -> std::same_as<std::uint64_t>;
   { P::process_id() } -> std::same_as<long>;
+}
+&&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
+  // The asynchronous signals (every one but the faults a thread raises
+  // itself, which must stay deliverable) blocked on the calling thread, and
+  // the earlier mask put back: around a lock that a signal handler on the
+  // same thread could also need (it may fork), and for threads the driver
+  // starts. Windows has no signals: nothing to do there.
+  { P::block_async_signals(mask) } -> std::same_as<void>;
+  { P::restore_signals(saved) } -> std::same_as<void>;
 };
 
+#if !defined(_WIN32)
 struct Linux {
+  using SignalMask = sigset_t;
   static constexpr const char* kDriverNames[] = {"libcuda.so.1", "libcuda.so"};
   static void* open_library(const char* path, char* error, std::size_t len) noexcept;
   static void* find_symbol(void* library, const char* name) noexcept;
@@ -43,9 +58,12 @@ struct Linux {
   static void pause(std::size_t spins) noexcept;
   static std::uint64_t monotonic_ns() noexcept;
   static long process_id() noexcept;
+  static void block_async_signals(SignalMask* saved) noexcept;
+  static void restore_signals(const SignalMask& saved) noexcept;
 };
-
+#else
 struct Windows {
+  struct SignalMask {};
   static constexpr const char* kDriverNames[] = {"nvcuda.dll"};
   static void* open_library(const char* path, char* error, std::size_t len) noexcept;
   static void* find_symbol(void* library, const char* name) noexcept;
@@ -56,7 +74,10 @@ struct Windows {
   static void pause(std::size_t spins) noexcept;
   static std::uint64_t monotonic_ns() noexcept;
   static long process_id() noexcept;
+  static void block_async_signals(SignalMask*) noexcept {}
+  static void restore_signals(const SignalMask&) noexcept {}
 };
+#endif
 
 }  // namespace mnemosyne::platform
 
@@ -67,6 +88,18 @@ using Os = platform::Windows;
 using Os = platform::Linux;
 #endif
 static_assert(platform::Layer<Os>);
+
+// RAII over Os::block_async_signals / restore_signals.
+class AsyncSignalsBlocked {
+ public:
+  AsyncSignalsBlocked() noexcept { Os::block_async_signals(&saved_); }
+  ~AsyncSignalsBlocked() { Os::restore_signals(saved_); }
+  AsyncSignalsBlocked(const AsyncSignalsBlocked&) = delete;
+  AsyncSignalsBlocked& operator=(const AsyncSignalsBlocked&) = delete;
+
+ private:
+  Os::SignalMask saved_;
+};
 }  // namespace mnemosyne
 
 // printf-style checking of our own formatting functions: mingw-w64's

@@ -1,6 +1,7 @@
-// platform::Linux: dlopen, mmap, secure_getenv.
+// platform::Linux: dlopen, mmap, secure_getenv, signal masks.
 #include <dlfcn.h>
 #include <errno.h>
+#include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -64,6 +65,18 @@ std::uint64_t Linux::monotonic_ns() noexcept {
 
 long Linux::process_id() noexcept {
   return static_cast<long>(getpid());
+}
+
+void Linux::block_async_signals(SignalMask* saved) noexcept {
+  sigset_t async;
+  sigfillset(&async);
+  constexpr int kFaults[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS};
+  for (int sig : kFaults) sigdelset(&async, sig);
+  pthread_sigmask(SIG_BLOCK, &async, saved);
+}
+
+void Linux::restore_signals(const SignalMask& saved) noexcept {
+  pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 
 }  // namespace mnemosyne::platform

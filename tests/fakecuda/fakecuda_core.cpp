@@ -149,6 +149,15 @@ void* internal_thread(void*) {
   return nullptr;
 }
 
+// As a real driver's event-handling thread: started by cuInit, alive for the
+// rest of the process, asleep. It blocks no signal itself: its mask is the
+// one its creator had, as with the real driver, so a signal the program's own
+// threads block is delivered here unless whoever called cuInit blocked it.
+void* event_thread(void*) {
+  for (;;) os::sleep_us(1000000);
+  return nullptr;
+}
+
 // As a real driver may: the prepare handler takes the driver's lock, so no
 // driver call can be made from later prepare handlers (an allocator that
 // tried would deadlock; this one aborts with a message instead).
@@ -294,6 +303,7 @@ FAKECUDA_API CUresult cuInit(unsigned int flags) {
         if (rc == CUDA_SUCCESS) {
           g_initialized.store(true, std::memory_order_release);
           if (g_config.thread_iters > 0) os::start_thread(internal_thread);
+          os::start_thread(event_thread);
         }
       }
     }
