@@ -188,27 +188,4 @@ bool inject_dll(HANDLE process, const wchar_t* dll, Method method, char* why,
   return inject_by_thread(process, dll, why, len);
 }
 
-bool restore_import_directory() noexcept {
-  auto* base = reinterpret_cast<unsigned char*>(GetModuleHandleW(nullptr));
-  const auto* dos = reinterpret_cast<const IMAGE_DOS_HEADER*>(base);
-  auto* nt = reinterpret_cast<IMAGE_NT_HEADERS64*>(base + dos->e_lfanew);
-  IMAGE_DATA_DIRECTORY* dirs = nt->OptionalHeader.DataDirectory;
-  const DWORD at = dirs[IMAGE_DIRECTORY_ENTRY_IMPORT].VirtualAddress;
-  if (at < sizeof(ImportPayload)) return false;
-  ImportPayload payload;
-  std::memcpy(&payload, base + at - sizeof payload, sizeof payload);
-  if (payload.magic != ImportPayload::kMagic) return false;
-  DWORD old = 0;
-  if (!VirtualProtect(dirs, sizeof(IMAGE_DATA_DIRECTORY) * IMAGE_NUMBEROF_DIRECTORY_ENTRIES,
-                      PAGE_READWRITE, &old)) {
-    return false;
-  }
-  dirs[IMAGE_DIRECTORY_ENTRY_IMPORT] =
-      IMAGE_DATA_DIRECTORY{payload.import_rva, payload.import_size};
-  dirs[IMAGE_DIRECTORY_ENTRY_BOUND_IMPORT] =
-      IMAGE_DATA_DIRECTORY{payload.bound_rva, payload.bound_size};
-  VirtualProtect(dirs, sizeof(IMAGE_DATA_DIRECTORY) * IMAGE_NUMBEROF_DIRECTORY_ENTRIES, old, &old);
-  return true;
-}
-
 }  // namespace mnemosyne::win

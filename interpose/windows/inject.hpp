@@ -26,16 +26,13 @@ bool inject_dll(HANDLE process, const wchar_t* dll, Method method, char* why,
 
 // What inject_dll writes before the new import descriptors, so that the
 // DLL, once loaded, can put the image's import directory back as it was
-// (Detours' DetourRestoreAfterWith does the same with its payload).
+// (restore_imports.hpp; Detours' DetourRestoreAfterWith does the same with
+// its payload).
 struct ImportPayload {
   static constexpr std::uint64_t kMagic = 0x31656e79736f6d6eULL;  // "mnmosyn1"
   std::uint64_t magic;
   std::uint32_t import_rva, import_size;  // the original IMAGE_DIRECTORY_ENTRY_IMPORT
   std::uint32_t bound_rva, bound_size;    // the original IMAGE_DIRECTORY_ENTRY_BOUND_IMPORT
 };
-
-// In the injected process: when the main image's import directory is one
-// inject_dll wrote, restores the original. True when it did.
-bool restore_import_directory() noexcept;
 
 }  // namespace mnemosyne::win

@@ -14,11 +14,11 @@
 #include "arena/arena.hpp"
 #include "common/start_report.hpp"
 #include "crt.hpp"
-#include "inject.hpp"
 #include "mode.hpp"
 #include "patch.hpp"
 #include "peb.hpp"
 #include "platform/platform.hpp"
+#include "restore_imports.hpp"
 #include "stats_report.hpp"
 
 namespace mnemosyne::win {
@@ -132,8 +132,9 @@ void attach(void* self) noexcept {
   HMODULE pinned = nullptr;
   GetModuleHandleExW(GET_MODULE_HANDLE_EX_FLAG_PIN | GET_MODULE_HANDLE_EX_FLAG_FROM_ADDRESS,
                      reinterpret_cast<LPCWSTR>(&attach), &pinned);
-  // Loaded through an import table inject_dll rewrote: the image gets its
-  // own back before anything walks it (patch_process does).
+  // Loaded through a rewritten import table (mnemosyne's injector, or
+  // Detours'): the image gets its own back before anything walks it
+  // (patch_process does).
   restore_import_directory();
   patch_process(self);
 }
