@@ -5,7 +5,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <initializer_list>
 
+#include "detours_payload.hpp"
 #include "inject.hpp"
 #include "readable.hpp"
 
@@ -67,17 +69,58 @@ bool restore_from_marker(const Image& image) noexcept {
                       &restored[1], sizeof restored[1]);
 }
 
+// A Detours restore record that is this image's: its headers, of the same
+// shape, going back where they are, inside the image's header bytes.
+bool fits(const detours::ExeRestore& r, std::size_t bytes, const Image& image) noexcept {
+  const IMAGE_FILE_HEADER& file = image.nt.FileHeader;
+  const std::size_t nt_bytes = offsetof(IMAGE_NT_HEADERS64, OptionalHeader) +
+                               file.SizeOfOptionalHeader +
+                               file.NumberOfSections * sizeof(IMAGE_SECTION_HEADER);
+  return r.cb == sizeof r && bytes >= r.cb &&
+         reinterpret_cast<std::uintptr_t>(r.dos_at) == image.base && r.dos_bytes == sizeof r.dos &&
+         std::memcmp(&r.dos, &image.dos, sizeof r.dos) == 0 &&
+         reinterpret_cast<std::uintptr_t>(r.nt_at) == image.nt_at && r.nt_bytes == nt_bytes &&
+         r.nt_bytes <= sizeof r.raw && r.nt.Signature == IMAGE_NT_SIGNATURE &&
+         r.nt.OptionalHeader.Magic == IMAGE_NT_OPTIONAL_HDR64_MAGIC &&
+         std::memcmp(&r.nt.FileHeader, &file, sizeof file) == 0 &&
+         r.nt.OptionalHeader.SizeOfImage == image.nt.OptionalHeader.SizeOfImage &&
+         r.nt.OptionalHeader.DataDirectory[IMAGE_DIRECTORY_ENTRY_IMPORT].VirtualAddress <
+             image.nt.OptionalHeader.SizeOfImage &&
+         image.dos.e_lfanew + r.nt_bytes <= image.nt.OptionalHeader.SizeOfHeaders &&
+         readable(r.nt_at, r.nt_bytes);
+}
+
+// What DetourRestoreAfterWith does: the recorded NT and section headers
+// copied back (the import, bound-import and IAT directories and the
+// checksum Detours changed). The DOS header, which Detours writes back
+// unchanged, is already equal. The CLR header of a .NET program is left:
+// Detours itself puts it back only when its flags did not change, that is,
+// when there is nothing to put back. The payload is not freed: another DLL
+// Detours loaded may look for it too.
+bool restore_from_detours(const Image& image) noexcept {
+  for (const GUID& guid : {detours::kExeRestoreGuid, detours::kExeRestoreGuidEarlier}) {
+    std::size_t bytes = 0;
+    const void* found = detours::find_payload(guid, &bytes);
+    if (found == nullptr || bytes < sizeof(detours::ExeRestore)) continue;
+    static detours::ExeRestore record;  // 1.6 KiB, kept off DllMain's stack
+    std::memcpy(&record, found, sizeof record);
+    if (!fits(record, bytes, image)) continue;
+    return write_header(image.nt_at, record.raw, record.nt_bytes);
+  }
+  return false;
+}
+
 }  // namespace
 
 bool restore_import_directory() noexcept {
   Image image;
   if (!read_image(&image)) return false;
-  // The injector puts the new table outside the image (in memory that was
+  // Both layouts put the new table outside the image (in memory that was
   // free); a directory inside it is the program's own.
   const DWORD at =
       image.nt.OptionalHeader.DataDirectory[IMAGE_DIRECTORY_ENTRY_IMPORT].VirtualAddress;
   if (at < image.nt.OptionalHeader.SizeOfImage) return false;
-  return restore_from_marker(image);
+  return restore_from_marker(image) || restore_from_detours(image);
 }
 
 }  // namespace mnemosyne::win

@@ -5,11 +5,12 @@
 
 namespace mnemosyne::win {
 
-// In DllMain. The layout known is mnemosyne's injector's (inject.hpp's
-// ImportPayload just before the new table). Reads only memory it has
-// checked is readable: another injector's table may start a fresh
-// allocation with nothing mapped before it. Without the marker the image
-// is left alone. True when the directory was put back.
+// In DllMain. Two layouts are known: mnemosyne's injector's (inject.hpp's
+// ImportPayload just before the new table) and Microsoft Detours'
+// (withdll.exe: the DETOUR_EXE_RESTORE payload, which
+// DetourRestoreAfterWith copies back). Reads only memory it has checked is
+// readable; with neither found, the image is left alone. True when the
+// directory was put back.
 bool restore_import_directory() noexcept;
 
 }  // namespace mnemosyne::win
