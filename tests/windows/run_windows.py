@@ -5,7 +5,9 @@ Each case runs the unmodified harness (harness.cpp) under mnemosyne-inject.exe
 and checks what a user would: its output and exit code are those of a normal
 run, every block it printed lies in memory the test-double driver handed out
 (fakecuda.dll's log), its child process is served too, and errors are one
-clear line. Run by `meson test --suite windows` in a mingw-w64 build.
+clear line. The detours-* cases start programs the way Microsoft Detours'
+withdll.exe does (detours_layout_inject.cpp lays the process out as Detours
+would). Run by `meson test --suite windows` in a mingw-w64 build.
 """
 import argparse
 import json
@@ -397,6 +399,169 @@ def case_injector_errors(wine, a):
     record("injector-errors", not problems, "; ".join(problems))
 
 
+LAYOUT = "detours-layout: "
+PLAIN_RUNS = {}
+
+
+def plain_run(wine, argv):
+    """A program without mnemosyne, once per command line: the reference."""
+    key = tuple(argv)
+    if key not in PLAIN_RUNS:
+        PLAIN_RUNS[key] = wine.run(argv)
+    return PLAIN_RUNS[key]
+
+
+def without_timings(text):
+    """GoogleTest's output, less its run times (which differ run to run)."""
+    return re.sub(r" \(\d+ ms( total)?\)", "", text)
+
+
+def detours_run(wine, a, name, backend, argv, flags=()):
+    """argv started by the Detours-layout injector (detours_layout_inject.cpp)
+    with mnemosyne.dll, its MNEMOSYNE_* settings in the environment as a
+    withdll.exe user sets them. Gives the exit code, stdout, stderr less the
+    injector's layout line, that line, the driver's allocations and the
+    allocations the backend's pool served (statistics files, all processes)."""
+    log = os.path.join(wine.work, f"{name}.log")
+    stats = os.path.join(wine.work, f"{name}-%p.json")
+    env = {"MNEMOSYNE_BACKEND": backend, "MNEMOSYNE_CUDA_DRIVER": winpath(a.driver),
+           "MNEMOSYNE_STATS_FILE": winpath(stats), "FAKECUDA_LOG": winpath(log)}
+    rc, out, err = wine.run([a.detours_inject, f"--dll={winpath(a.dll)}", "--show-layout",
+                             *flags, "--"] + argv, env)
+    layout = [l.strip() for l in err.splitlines() if l.startswith(LAYOUT)]
+    err = "".join(l for l in err.splitlines(keepends=True) if not l.startswith(LAYOUT))
+    for line in layout:
+        print(f"# {name}: {line[len(LAYOUT):]}", flush=True)
+    served = 0
+    for f in os.listdir(wine.work):
+        if f.startswith(name + "-") and f.endswith(".json"):
+            with open(os.path.join(wine.work, f)) as fh:
+                served += json.load(fh).get("pools", {}).get(backend, {}).get("allocations", 0)
+    return rc, out, err, layout, driver_allocations(log), served
+
+
+def heap_problems(backend, kind, allocs, served, found, min_pids=1):
+    """The heap in driver memory: the double's log and the statistics."""
+    problems = []
+    kinds = {k for r in allocs.values() for _, _, k in r}
+    if kind not in kinds:
+        problems.append(f"the driver served no {kind} memory (log kinds {sorted(kinds)})")
+    pids = {pid for pid, r in allocs.items() if r}
+    if len(pids) < min_pids:
+        problems.append(f"driver memory in {len(pids)} process(es), expected {min_pids}")
+    if served == 0:
+        problems.append(f"the statistics show no allocation served by the {backend} pool")
+    outside = [f"{n}@{p:#x}" for n, p, s in found if not inside(allocs, p, s)]
+    if outside:
+        problems.append(f"blocks outside driver memory: {outside}")
+    return problems
+
+
+def case_detours_programs(wine, a, backend, kind):
+    """Programs of three image sizes (the static 5-line hello world, the
+    import probe, the probe with 44 MiB more of sections) started as
+    Detours' withdll.exe starts them: the same output and exit code as
+    without mnemosyne, the heap in driver memory, and (the probes) the
+    import directory the program reads is its file's."""
+    problems = []
+    for program in [a.hello, a.import_probe, a.import_probe_big]:
+        label = os.path.splitext(os.path.basename(program))[0]
+        name = f"detours-{backend}-{label}"
+        native_rc, native_out, native_err = plain_run(wine, [program])
+        rc, out, err, layout, allocs, served = detours_run(wine, a, name, backend, [program])
+        if (rc, plain_lines(out)) != (native_rc, plain_lines(native_out)) or not out.strip():
+            problems.append(f"{label}: rc={rc} vs {native_rc}, output {plain_lines(out)} vs "
+                            f"{plain_lines(native_out)}")
+        if err != native_err:
+            problems.append(f"{label}: stderr {err.strip()[:300]!r}")
+        if len(layout) != 1 or "payload copied" not in layout[0]:
+            problems.append(f"{label}: the injector did not lay the process out: {layout}")
+        if "import_probe" in label and "import_probe: the headers are the file's" not in out:
+            problems.append(f"{label}: the import directory was not restored")
+        problems += [f"{label}: {p}" for p in heap_problems(backend, kind, allocs, served,
+                                                            blocks(out))]
+    if backend == "unified":
+        # The restore record tagged as earlier versions of Detours tag it.
+        rc, out, err, _, _, _ = detours_run(wine, a, "detours-earlier-guid", backend,
+                                            [a.import_probe], ["--earlier-guid"])
+        if rc != 0 or "import_probe: the headers are the file's" not in out or err:
+            problems.append(f"earlier GUID: rc={rc}, output {plain_lines(out)}, stderr "
+                            f"{err.strip()[:300]!r}")
+    record(f"detours-layout-{backend}", not problems, "; ".join(problems))
+
+
+def case_detours_gtest(wine, a):
+    """The GoogleTest program, its death tests in children (injected by the
+    DLL's CreateProcess hooks), started with Detours' layout."""
+    problems = []
+    native_rc, native_out, native_err = plain_run(wine, [a.gtest_harness])
+    for backend, kind in (("unified", "managed"), ("pinned", "host")):
+        rc, out, err, layout, allocs, served = detours_run(
+            wine, a, f"detours-gtest-{backend}", backend, [a.gtest_harness])
+        if rc != 0 or "[  PASSED  ] 4 tests." not in out or "FAILED" in out:
+            problems.append(f"{backend}: rc={rc}: {out[-400:]}")
+        if (rc, without_timings(out)) != (native_rc, without_timings(native_out)):
+            problems.append(f"{backend}: output differs from a run without mnemosyne")
+        if without_timings(err) != without_timings(native_err):
+            problems.append(f"{backend}: stderr {err.strip()[:300]!r}")
+        if len(layout) != 1:
+            problems.append(f"{backend}: the injector did not lay the process out: {layout}")
+        # the harness and one child per death test
+        problems += [f"{backend}: {p}" for p in heap_problems(backend, kind, allocs, served, [],
+                                                              min_pids=3)]
+    record("detours-layout-gtest", not problems, "; ".join(problems))
+
+
+def case_detours_no_payload(wine, a):
+    """Detours' rewrite with no payload to undo it (a foreign injector): the
+    bytes before the new import table are not mapped, and mnemosyne.dll must
+    neither read them nor touch the image. The hello world starts as without
+    mnemosyne, with its heap moved; the probe still sees the rewritten
+    directory (nothing put it back) and says so."""
+    problems = []
+    native_rc, native_out, native_err = plain_run(wine, [a.hello])
+    rc, out, err, layout, allocs, served = detours_run(
+        wine, a, "detours-nopayload-hello", "unified", [a.hello], ["--no-payload"])
+    if len(layout) != 1 or "the bytes before it not mapped; payload left out" not in layout[0]:
+        problems.append(f"the layout did not leave unmapped memory before the table: proved "
+                        f"nothing: {layout}")
+    if (rc, out, err) != (native_rc, native_out, native_err):
+        problems.append(f"hello: rc={rc} vs {native_rc}, output {out[:200]!r} vs "
+                        f"{native_out[:200]!r}, stderr {err.strip()[:300]!r}")
+    problems += [f"hello: {p}" for p in heap_problems("unified", "managed", allocs, served, [])]
+    rc, out, err, layout, allocs, served = detours_run(
+        wine, a, "detours-nopayload-probe", "unified", [a.import_probe], ["--no-payload"])
+    if rc != 1 or "import_probe: the headers differ from the file's" not in out or \
+            not re.search(r"^import_probe: imports \S*mnemosyne\.dll KERNEL32", out, re.M) or \
+            err.strip():
+        problems.append(f"probe: rc={rc} (want 1: the rewrite left in place), output "
+                        f"{plain_lines(out)}, stderr {err.strip()[:300]!r}")
+    problems += [f"probe: {p}" for p in heap_problems("unified", "managed", allocs, served,
+                                                      blocks(out))]
+    record("detours-layout-no-payload", not problems, "; ".join(problems))
+
+
+def case_restore_own(wine, a):
+    """The injector's own import rewrite (--inject=imports) is undone as
+    well: the probes read their file's import directory."""
+    problems = []
+    for program in [a.import_probe, a.import_probe_big]:
+        label = os.path.splitext(os.path.basename(program))[0]
+        log = os.path.join(wine.work, f"restore-own-{label}.log")
+        native_rc, native_out, _ = plain_run(wine, [program])
+        rc, out, err = wine.run([a.injector, "--inject=imports", "--backend=unified",
+                                 f"--cuda-driver={winpath(a.driver)}", "--", program],
+                                {"FAKECUDA_LOG": winpath(log)})
+        if (rc, plain_lines(out)) != (native_rc, plain_lines(native_out)) or err.strip() or \
+                "import_probe: the headers are the file's" not in out:
+            problems.append(f"{label}: rc={rc}, output {plain_lines(out)}, stderr "
+                            f"{err.strip()[:300]!r}")
+        outside = [p for _, p, s in blocks(out) if not inside(driver_allocations(log), p, s)]
+        if outside or not blocks(out):
+            problems.append(f"{label}: blocks {blocks(out)} not all in driver memory")
+    record("restore-own-imports", not problems, "; ".join(problems))
+
+
 def pe32_image():
     """The headers of a 32-bit (i386) console program: enough for Windows
     to tell its bitness (GetBinaryType), as the injector must before starting
@@ -424,7 +589,8 @@ def pe32_image():
 def main():
     ap = argparse.ArgumentParser()
     for opt in ["build", "dll", "injector", "driver", "harness", "ucrt-harness", "gtest-harness",
-                "crt-probe", "api-probe"]:
+                "crt-probe", "api-probe", "detours-inject", "hello", "import-probe",
+                "import-probe-big"]:
         ap.add_argument("--" + opt, required=True)
     ap.add_argument("--only", default="", help="comma-separated cases (default: all)")
     ap.add_argument("--prefix", default="",
@@ -472,6 +638,12 @@ def main():
             ("programs", lambda: case_programs(wine, a)),
             ("stats", lambda: case_stats(wine, a)),
             ("errors", lambda: case_injector_errors(wine, a)),
+            ("detours-unified", lambda: case_detours_programs(wine, a, "unified", "managed")),
+            ("detours-pinned", lambda: case_detours_programs(wine, a, "pinned", "host")),
+            ("detours-device", lambda: case_detours_programs(wine, a, "device", "managed")),
+            ("detours-gtest", lambda: case_detours_gtest(wine, a)),
+            ("detours-no-payload", lambda: case_detours_no_payload(wine, a)),
+            ("restore-own", lambda: case_restore_own(wine, a)),
         ]
         known = [key for key, _ in cases]
         for key in a.only.split(",") if a.only else []:
