@@ -16,7 +16,10 @@
 // mapped (data that may live on the GPU): before any atfork handler runs,
 // because a driver's own prepare handler may hold the locks such a call
 // needs. A fork that does not go through it (daemon(), forkpty()) still gets
-// a complete copy, read with the CPU.
+// a complete copy, read with the CPU. glibc's _Fork() (no atfork handlers)
+// is wrapped too: the wrapper runs mnemosyne's handlers around it. Forks are
+// serialized and made with the forking thread's asynchronous signals
+// blocked (fork_lock.hpp).
 #include "fork.hpp"
 
 #include <dlfcn.h>
@@ -31,6 +34,7 @@
 #include "backend/driver_call.hpp"
 #include "backend/signal_chain.hpp"
 #include "bootstrap.hpp"
+#include "fork_lock.hpp"
 #include "hold.hpp"
 #include "mode.hpp"
 
@@ -53,7 +57,8 @@ Fn next(std::atomic<Fn>& slot, const char* name) noexcept {
   return fn;
 }
 constinit std::atomic<ForkFn> g_fork{nullptr};
-constinit std::atomic<SigactionFn> g_sigaction{nullptr};  // the wrapper passes through to it
+constinit std::atomic<ForkFn> g_underscore_fork{nullptr};  // glibc 2.34's _Fork
+constinit std::atomic<SigactionFn> g_sigaction{nullptr};   // the wrapper passes through to it
 constinit std::atomic<SignalFn> g_signal{nullptr};
 
 // ---- the fault handler and the application's handlers it stands in for
@@ -200,39 +205,73 @@ constinit ForkingThreadStack g_fork_stack;
 
 // ---- the atfork handlers and the fork() wrapper
 
-constinit bool g_fork_prepared = false;
-constinit pthread_mutex_t g_fork_mutex = PTHREAD_MUTEX_INITIALIZER;  // one early copy at a time
+constinit ForkLock g_fork_lock;
+
+// What the handlers of one fork do, by the fork lock's depth of their hold:
+// a fork nested in another on the same thread (a fault's handler that forks)
+// has a depth of its own.
+enum class Role : unsigned char {
+  none,    // nothing to copy (the system allocator serves the process)
+  copier,  // made the heap copy: opened the window, holds the segment table
+  reuse,   // nested in a fork whose copy is made: its child takes that copy
+};
+constexpr int kMaxRoles = 8;
+constinit Role g_roles[kMaxRoles] = {};
+constinit int g_copier_depth = 0;  // the depth of the fork whose copy is made; 0: none
+
+Role& role_at(int depth) noexcept {
+  return g_roles[(depth < kMaxRoles ? depth : kMaxRoles) - 1];
+}
 
 void on_prepare_fork() noexcept {
-  g_fork_prepared = arena_mode();
-  if (!g_fork_prepared) return;
-  {
-    HeldAllocations held;  // the copy is consistent with what other threads allocate
-    arena::prepare_fork();
+  const int depth = g_fork_lock.acquire();
+  Role& role = role_at(depth);
+  if (!arena_mode()) {
+    role = Role::none;
+  } else if (g_copier_depth != 0) {
+    role = Role::reuse;
+  } else {
+    role = Role::copier;
+    {
+      HeldAllocations held;  // the copy is consistent with what other threads allocate
+      arena::prepare_fork();
+    }
+    g_copier_depth = depth;
+    g_fork_stack.enter();
+    open_window();
   }
-  g_fork_stack.enter();
-  open_window();
 }
 
 void on_parent_after_fork() noexcept {
-  if (!g_fork_prepared) return;
-  close_window();
-  g_fork_stack.leave();
-  arena::parent_after_fork();
+  const int depth = g_fork_lock.depth();
+  if (role_at(depth) == Role::copier) {
+    close_window();
+    g_fork_stack.leave();
+    arena::parent_after_fork();
+    g_copier_depth = 0;
+  }
+  g_fork_lock.release();
 }
 
 void on_child_after_fork() noexcept {
-  if (!g_fork_prepared) return;
+  // The fork lock's owner id is the parent's thread: depth() cannot tell.
   g_lock.store(false, std::memory_order_relaxed);  // its holder may not exist here
-  const bool ok = arena::child_after_fork();
-  close_window();
-  g_fork_stack.leave();
-  if (!ok) {
-    g_mode.store(Mode::host, std::memory_order_release);
-    warn_line(
-        "mnemosyne: this forked child's heap could not be restored; it continues on "
-        "the system allocator and ignores frees of its parent's blocks");
+  const Role role = role_at(g_fork_lock.depth_in_child());
+  if (role != Role::none) {
+    const bool ok = arena::child_after_fork();
+    if (role == Role::copier) {
+      close_window();
+      g_fork_stack.leave();
+      g_copier_depth = 0;
+    }
+    if (!ok) {
+      g_mode.store(Mode::host, std::memory_order_release);
+      warn_line(
+          "mnemosyne: this forked child's heap could not be restored; it continues on "
+          "the system allocator and ignores frees of its parent's blocks");
+    }
   }
+  g_fork_lock.release_in_child();
 }
 
 }  // namespace
@@ -240,6 +279,7 @@ void on_child_after_fork() noexcept {
 void install_fork_handling() noexcept {
   // Resolved now, not on first use inside a fork's prepare handler.
   next(g_fork, "fork");
+  next(g_underscore_fork, "_Fork");
   next(g_sigaction, "sigaction");
   next(g_signal, "signal");
   struct sigaction current {};
@@ -247,6 +287,49 @@ void install_fork_handling() noexcept {
   pthread_atfork(&on_prepare_fork, &on_parent_after_fork, &on_child_after_fork);
 }
 
+namespace {
+
+// The fork lock is taken here already, so that the early copy through the
+// driver (before any atfork handler runs: a driver's own prepare handler may
+// hold the locks such a call needs) belongs to the same fork as the copy
+// the prepare handler makes. glibc's _Fork() runs no atfork handler: for it
+// the wrapper runs ours itself. A successful fork leaves errno as it was, in
+// the parent and in the child.
+template <bool kRunHandlers>
+pid_t wrapped_fork(ForkFn real) noexcept {
+  if (real == nullptr) {
+    errno = ENOSYS;
+    return -1;
+  }
+  if (!arena_mode()) return real();
+  const int saved_errno = errno;
+  const int depth = g_fork_lock.acquire();
+  // Not from a driver thread or inside a driver call (the driver must not be
+  // called there), nor nested in a fork of this thread (its copy is in use):
+  // then the prepare handler reads everything with the CPU.
+  const bool early = depth == 1 && !in_driver_call();
+  if (early && !arena::copy_early()) {
+    g_fork_lock.release();
+    errno = ENOMEM;  // no memory for the child's copy of the heap
+    return -1;
+  }
+  if (kRunHandlers) on_prepare_fork();
+  const pid_t pid = real();
+  const int fork_errno = errno;
+  if (pid == 0) {
+    if (kRunHandlers) on_child_after_fork();
+    g_fork_lock.release_in_child();
+    errno = saved_errno;
+    return 0;
+  }
+  if (kRunHandlers) on_parent_after_fork();
+  if (early) arena::end_early();
+  g_fork_lock.release();
+  errno = pid > 0 ? saved_errno : fork_errno;
+  return pid;
+}
+
+}  // namespace
 }  // namespace mnemosyne
 
 using namespace mnemosyne;
@@ -254,28 +337,11 @@ using namespace mnemosyne;
 extern "C" {
 
 __attribute__((visibility("default"))) pid_t fork() {
-  const ForkFn real = next(g_fork, "fork");
-  if (real == nullptr) {
-    errno = ENOSYS;
-    return -1;
-  }
-  if (!arena_mode() || in_driver_call()) return real();
-  pthread_mutex_lock(&g_fork_mutex);
-  if (!arena::copy_early()) {
-    pthread_mutex_unlock(&g_fork_mutex);
-    errno = ENOMEM;  // no memory for the child's copy of the heap
-    return -1;
-  }
-  const pid_t pid = real();
-  if (pid == 0) {
-    pthread_mutex_init(&g_fork_mutex, nullptr);
-    return 0;
-  }
-  const int saved_errno = errno;
-  arena::end_early();
-  pthread_mutex_unlock(&g_fork_mutex);
-  errno = saved_errno;
-  return pid;
+  return wrapped_fork<false>(next(g_fork, "fork"));
+}
+
+__attribute__((visibility("default"))) pid_t _Fork() {
+  return wrapped_fork<true>(next(g_underscore_fork, "_Fork"));
 }
 
 __attribute__((visibility("default"))) int sigaction(int sig, const struct sigaction* act,

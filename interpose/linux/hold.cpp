@@ -1,7 +1,6 @@
 #include "hold.hpp"
 
 #include <linux/futex.h>
-#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -13,7 +12,6 @@
 namespace mnemosyne {
 namespace {
 
-constinit Mode g_mode_before_hold = Mode::host;
 constinit std::atomic<int> g_hold_generation{0};  // the futex waiters sleep on
 
 long futex(std::atomic<int>* word, int op, int value, const timespec* timeout) noexcept {
@@ -22,22 +20,16 @@ long futex(std::atomic<int>* word, int op, int value, const timespec* timeout) n
 
 }  // namespace
 
-HeldAllocations::HeldAllocations() noexcept {
-  sigset_t async;
-  sigfillset(&async);
-  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP}) sigdelset(&async, sig);
-  pthread_sigmask(SIG_BLOCK, &async, &mask_);
-  g_mode_before_hold = g_mode.load(std::memory_order_relaxed);
+HeldAllocations::HeldAllocations() noexcept : before_(g_mode.load(std::memory_order_relaxed)) {
   g_mode.store(Mode::held, std::memory_order_seq_cst);
   g_free_checks.fetch_or(kFreeHeld, std::memory_order_seq_cst);
 }
 
 HeldAllocations::~HeldAllocations() {
   g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
-  g_mode.store(g_mode_before_hold, std::memory_order_seq_cst);
+  g_mode.store(before_, std::memory_order_seq_cst);
   g_hold_generation.fetch_add(1, std::memory_order_seq_cst);
   futex(&g_hold_generation, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr);
-  pthread_sigmask(SIG_SETMASK, &mask_, nullptr);
 }
 
 void wait_while_held() noexcept {

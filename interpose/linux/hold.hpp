@@ -5,19 +5,23 @@
 // child as a published pointer to memory copied before it was filled. So
 // while the copy runs, their malloc/free calls wait: Mode::held diverts the
 // fast paths into the slow ones, which call wait_while_held(). Whatever they
-// allocate then is allocated after the copy, in the parent only.
+// allocate then is allocated after the copy.
+//
+// The hold ends with the copy, before glibc's fork() takes its own locks
+// (the NSS database's, the stdio list's), which a waiting thread may hold.
+// What other threads do between the copy and the fork's system call, and
+// what was already under way in mimalloc when the hold began, the child's
+// side makes consistent (src/arena/fork_copy.cpp).
 #pragma once
 
-#include <signal.h>
+#include "mode.hpp"
 
 namespace mnemosyne {
 
-// RAII, on the thread that copies: from construction to destruction other
-// threads' allocation calls wait. The holder's own asynchronous signals are
-// blocked meanwhile (a handler that allocated would wait for itself), and it
-// must not allocate; nothing it does may wait for another thread, so the
-// hold cannot deadlock. End it before anything that takes locks a waiting
-// thread may hold (glibc's fork does).
+// RAII, on the thread that copies, which holds the fork lock (its
+// asynchronous signals are blocked: a handler that allocated would wait for
+// itself) and must not allocate. Nothing it does may wait for another
+// thread, so the hold cannot deadlock.
 class HeldAllocations {
  public:
   HeldAllocations() noexcept;
@@ -26,7 +30,7 @@ class HeldAllocations {
   HeldAllocations& operator=(const HeldAllocations&) = delete;
 
  private:
-  sigset_t mask_;
+  Mode before_;
 };
 
 }  // namespace mnemosyne

@@ -397,6 +397,7 @@ void restore_once() noexcept {
       mmap(g_missing[i].start, g_missing[i].size, PROT_READ | PROT_WRITE,
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     }
+    mnemosyne_mi_fork_child();  // the copy is older than the fork: see mimalloc-live.h
   }
   pthread_sigmask(SIG_SETMASK, &old, nullptr);
 }

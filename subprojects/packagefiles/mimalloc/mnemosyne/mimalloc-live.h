@@ -24,6 +24,26 @@ typedef void (*mnemosyne_mi_range_fn)(void* start, size_t size, void* arg);
  * Allocates nothing, takes no lock, calls nothing but visit. */
 int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit, void* arg);
 
+/* In a forked child whose heap was copied before the fork's system call,
+ * before anything else uses the heap: makes mimalloc's cross-thread state
+ * consistent with what the child inherited at the fork itself. Between the
+ * copy and the fork other threads went on (and some were already inside
+ * mimalloc when the copy began): a block one of them freed into a full page
+ * of the forking thread's heap is linked into that heap's delayed-free list,
+ * whose head the child inherits as of the fork while the block's link lies
+ * in memory the child has only the copy of; such a free in progress leaves
+ * the page marked as being freed into, which the child would wait on
+ * forever; a thread that exited (or took over an exited thread's segment)
+ * changed the list of abandoned segments the same way. So the child's heap
+ * drops its delayed frees, clears those marks, and forgets the abandoned
+ * segments: blocks and free space that only those lists held stay unused in
+ * the child (a leak bounded by what was pending at the fork), and every
+ * block the program can reach stays valid. Frees other threads pushed onto
+ * a page's own list are consistent already: the copy reads each segment's
+ * page table before its blocks, and a free writes the block before the page.
+ * Async-signal-safe: it only writes memory. */
+void mnemosyne_mi_fork_child(void);
+
 #ifdef __cplusplus
 }
 #endif

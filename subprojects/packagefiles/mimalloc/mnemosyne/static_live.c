@@ -2,8 +2,47 @@
  * walk over its arenas (mimalloc-live.h). The walk lives here, not in src/,
  * because the arena table and the segment layout are internal to mimalloc:
  * the whole mimalloc-specific reading of them stays in this one file, pinned
- * to the 2.0.9 source it is built with. */
-#include "static.c"
+ * to the 2.0.9 source it is built with.
+ *
+ * The sources are included as src/static.c includes them, with one change:
+ * page.c's _mi_malloc_generic, where every allocation that its page cannot
+ * serve at once goes (a thread's first, a new page, a full arena), is
+ * compiled under another name and wrapped so that it leaves errno as it
+ * found it. mimalloc sets errno on the way to a success: ENOENT while it
+ * counts NUMA nodes (a thread's first allocation), ENOMEM when its arenas
+ * are full and mnemosyne is about to add one; a program's errno must survive
+ * every successful malloc. A failure is reported by the interposer, which
+ * sets ENOMEM itself. */
+#ifndef _DEFAULT_SOURCE
+#define _DEFAULT_SOURCE
+#endif
+#include "mimalloc.h"
+#include "mimalloc-internal.h"
+#include "stats.c"
+#include "random.c"
+#include "os.c"
+#include "bitmap.c"
+#include "arena.c"
+#include "segment-cache.c"
+#include "segment.c"
+#define _mi_malloc_generic mnemosyne_mi_malloc_generic_errno
+#include "page.c"
+#undef _mi_malloc_generic
+
+void* _mi_malloc_generic(mi_heap_t* heap, size_t size, bool zero,
+                         size_t huge_alignment) mi_attr_noexcept {
+  const int saved_errno = errno;
+  void* p = mnemosyne_mi_malloc_generic_errno(heap, size, zero, huge_alignment);
+  errno = saved_errno;
+  return p;
+}
+
+#include "heap.c"
+#include "alloc.c"
+#include "alloc-aligned.c"
+#include "alloc-posix.c"
+#include "init.c"
+#include "options.c"
 
 #include "mimalloc-live.h"
 
@@ -90,4 +129,25 @@ int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit
     return 1;
   }
   return 0;
+}
+
+void mnemosyne_mi_fork_child(void) {
+  mi_heap_t* heap = mi_get_default_heap();
+  if (mi_heap_is_initialized(heap)) {
+    mi_atomic_store_ptr_relaxed(mi_block_t, &heap->thread_delayed_free, NULL);
+    for (size_t bin = 0; bin <= MI_BIN_FULL; bin++) {
+      for (mi_page_t* page = heap->pages[bin].first; page != NULL; page = page->next) {
+        const mi_thread_free_t tf = mi_atomic_load_relaxed(&page->xthread_free);
+        if (mi_tf_delayed(tf) == MI_DELAYED_FREEING) {
+          /* What the free in progress would have left. */
+          mi_atomic_store_relaxed(&page->xthread_free, mi_tf_set_delayed(tf, MI_NO_DELAYED_FREE));
+        }
+      }
+    }
+  }
+  mi_atomic_store_relaxed(&abandoned, (mi_tagged_segment_t)0);
+  mi_atomic_store_ptr_relaxed(mi_segment_t, &abandoned_visited, NULL);
+  mi_atomic_store_relaxed(&abandoned_count, (size_t)0);
+  mi_atomic_store_relaxed(&abandoned_visited_count, (size_t)0);
+  mi_atomic_store_relaxed(&abandoned_readers, (size_t)0);
 }
