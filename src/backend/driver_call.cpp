@@ -3,6 +3,8 @@
 // each driver call.
 #include "backend/driver_call.hpp"
 
+#include <errno.h>
+
 #include <atomic>
 
 #include "backend/internal.hpp"
@@ -99,11 +101,15 @@ detail::InDriverScope::~InDriverScope() {
   t_in_driver = outer_;
 }
 
-DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver) {
+DriverCall::DriverCall() noexcept : outer_flag_(t_in_driver), saved_errno_(errno) {
   // driver_api() first: it refuses to load on a thread already flagged (the
   // load flags itself).
   const DriverApi* api = driver_api();
   t_in_driver = true;
+  if (!outer_flag_) {
+    Os::block_async_signals(&saved_mask_);
+    blocked_ = true;
+  }
   if (api == nullptr) {
     error_ = CUDA_ERROR_NOT_INITIALIZED;
     return;
@@ -123,6 +129,8 @@ DriverCall::~DriverCall() {
     api_->cuCtxPopCurrent(&popped);
   }
   t_in_driver = outer_flag_;
+  if (blocked_) Os::restore_signals(saved_mask_);
+  errno = saved_errno_;
 }
 
 CUcontext create_temp_context(int ordinal) noexcept {

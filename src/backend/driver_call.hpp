@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "backend/driver_api.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne {
 
@@ -22,7 +23,16 @@ void mark_thread_as_driver_owned() noexcept;
 
 // RAII: sets the in-driver flag, then pushes the heap's context on
 // device_ordinal(). ok() is false when the driver is unavailable or the
-// context could not be made current (then nothing is pushed).
+// context could not be made current (then nothing is pushed). For the call's
+// duration the thread's asynchronous signals are blocked (they are delivered
+// when it ends): a handler that forked in the middle of it would meet the
+// driver's own fork handler waiting for a lock its own thread holds, as
+// fork() from a handler that interrupted malloc must work (the call is made
+// from malloc's slow path). The driver's one-time load is not covered: it
+// runs in the library's constructor, before the program's handlers exist.
+// errno is left as the call found it: what the driver does inside (a file it
+// looks for and does not find, a system call it retries) is not the
+// program's.
 class DriverCall {
  public:
   DriverCall() noexcept;
@@ -50,6 +60,9 @@ class DriverCall {
   CUresult error_ = CUDA_SUCCESS;
   bool pushed_ = false;
   bool outer_flag_ = false;
+  int saved_errno_ = 0;
+  bool blocked_ = false;  // the outermost call blocked the signals
+  Os::SignalMask saved_mask_{};
 };
 
 // Creates a fresh context on `ordinal` for tests and probes and leaves it
