@@ -285,12 +285,16 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     p = alloc_dedicated(size, alignment, zero, dedicated_why, sizeof dedicated_why);
     why = dedicated_why;
   } else {
-    for (int attempt = 0; attempt < 4 && p == nullptr; ++attempt) {
+    // Retry for as long as the arena grows: other threads may take the room
+    // each growth adds before this one gets to it, but each arena is as large
+    // as all before it, and their number is capped (kMaxArenas), so this
+    // ends. It stops early only when the backend said no, or when the wait
+    // for another thread's growth timed out.
+    for (;;) {
       const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);
       p = mi_retry(size, alignment, zero);
       if (p != nullptr || !grow(size + alignment, seen)) break;
     }
-    if (p == nullptr) p = mi_retry(size, alignment, zero);
     if (p == nullptr && !g_state.exhausted.load()) {
       why = "another thread's arena growth did not finish in time";
     }
