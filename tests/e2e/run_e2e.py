@@ -19,6 +19,8 @@ FAKE = os.environ["FAKECUDA_LIB"]
 PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
+FORK_RACE_PROBE = os.environ["FORK_RACE_PROBE"]
+ERRNO_PROBE = os.environ["ERRNO_PROBE"]
 FAULT_PROBE = os.environ["FAULT_PROBE"]
 STRESS_PROBE = os.environ["STRESS_PROBE"]
 TOOLKIT_STUB = os.environ.get("CUDA_TOOLKIT_STUB", "")
@@ -38,6 +40,7 @@ REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
+    "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "signals",
 }
 LAST_STATS_DIR = [None]  # the statistics folder of the latest run under the interposer
 
@@ -630,6 +633,70 @@ print("reset", cu.cuDevicePrimaryCtxReset_v2(0))
 """
 
 
+def fork_race_case(tmp, backend, mode):
+    events, _, _ = twice(tmp, backend, [FORK_RACE_PROBE, mode], f"fork_race_probe {mode}")
+    check_heap(events, backend, 0)
+    check_children_quiet(events)
+
+
+def case_fork_cross_free(tmp, backend):
+    """Other threads free the main thread's blocks while it forks: every
+    child allocates 100,000 blocks of its own from the heap it was given."""
+    fork_race_case(tmp, backend, "cross-free")
+
+
+def case_fork_signal(tmp, backend):
+    """fork() from a SIGUSR1 handler while the program mallocs, frees and
+    forks itself (glibc's tst-mallocfork2 shape); children check the heap."""
+    fork_race_case(tmp, backend, "signal-fork")
+
+
+def case_fork_signal_threads(tmp, backend):
+    """_Fork() from a handler while sender threads signal the main thread,
+    and a second thread forking at the same time (tst-mallocfork3's shape)."""
+    fork_race_case(tmp, backend, "signal-threads")
+
+
+def case_errno(tmp, backend):
+    """errno survives successful mallocs that grow the heap, a thread's first
+    allocation, dedicated segments, realloc, new/delete and fork."""
+    events, _, mine = twice(tmp, backend, [ERRNO_PROBE], "errno_probe")
+    expect(mine.stdout.endswith(b"errno: 0 calls changed it\n"), f"errno: {mine.stdout!r}")
+    check_heap(events, backend, 0)
+
+
+# Programs that take their signals in one place: blocked in every thread of
+# theirs and read with sigwait()/sigwaitinfo() (python3, dumb-init) or from a
+# signalfd (catatonit), forwarding them to a child. A thread the driver
+# started must not take them instead.
+SIGNAL_PROGRAMS = {
+    "python3-sigwait": [PYTHON, "-c", r"""
+import os, signal, threading
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGUSR2})
+worker = threading.Thread(target=lambda: [bytearray(1 << 20) for _ in range(50)])
+worker.start(); worker.join()
+for sig in (signal.SIGUSR1, signal.SIGUSR2) * 20:
+    os.kill(os.getpid(), sig)
+    print(signal.sigwaitinfo({sig}).si_signo)
+"""],
+    "catatonit-signalfd": ["catatonit", "--", "/bin/sh", "-c",
+                           'trap "echo got USR1" USR1; kill -USR1 $PPID; sleep 0.3 & wait; '
+                           'trap "echo got TERM" TERM; kill -TERM $PPID; sleep 0.3 & wait; echo end'],
+    "dumb-init-sigwait": ["dumb-init", "--single-child", "--", "/bin/sh", "-c",
+                          'trap "echo got USR1" USR1; kill -USR1 $PPID; sleep 0.3 & wait; '
+                          'trap "echo got HUP" HUP; kill -HUP $PPID; sleep 0.3 & wait; echo end'],
+}
+
+
+def case_signals(tmp, backend):
+    """Signals a program blocks in its threads reach it, not the driver's."""
+    for name, cmd in SIGNAL_PROGRAMS.items():
+        if not shutil.which(cmd[0]):
+            raise Failure(f"{cmd[0]} is not installed (scripts/setup.sh installs it)")
+        events, _, _ = twice(tmp, backend, cmd, name)
+        check_heap(events, backend, 0)
+
+
 def case_own_context(tmp, backend):
     """MNEMOSYNE_CONTEXT=own: a program that resets the primary context at the
     end of main exits as it does without mnemosyne, its heap untouched."""
@@ -1078,7 +1145,7 @@ def case_programs(tmp, backend):
 EXPECTED_EXPORTS = {
     "malloc", "free", "calloc", "realloc", "reallocarray", "cfree", "posix_memalign",
     "aligned_alloc", "memalign", "valloc", "pvalloc", "malloc_usable_size", "malloc_trim",
-    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "pthread_create", "fork", "sigaction",
+    "mallopt", "mallinfo", "mallinfo2", "malloc_stats", "pthread_create", "fork", "_Fork", "sigaction",
     "signal",
     "mnemosyne_owns", "mnemosyne_backend_of", "mnemosyne_active_backend", "mnemosyne_version",
     "mnemosyne_stats_json",
