@@ -1,6 +1,8 @@
 #include "start_report.hpp"
 
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 
 #include "backend/loader.hpp"
 
@@ -52,6 +54,30 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
 }
 
+namespace {
+
+// Why the requested backend is not active, for the statistics of every
+// process (the warning itself is printed once per tree).
+constinit char g_unavailable[arena::kReasonLen] = {};
+
+// The warning's key: the backend, and a digest (32-bit FNV-1a) of the
+// reason: the same line, printed by another process of the tree, has the
+// same key.
+void warning_key(BackendId backend, const char* reason, char* key, std::size_t len) noexcept {
+  std::uint32_t h = 2166136261u;
+  for (const char* p = reason; *p != '\0'; ++p) {
+    h ^= static_cast<unsigned char>(*p);
+    h *= 16777619u;
+  }
+  std::snprintf(key, len, "%s:%08x", backend_name(backend), static_cast<unsigned>(h));
+}
+
+}  // namespace
+
+const char* backend_unavailable_reason() noexcept {
+  return g_unavailable;
+}
+
 bool start_heap(const config::Options& o, const StartPlatform& platform) noexcept {
   set_driver_path(o.cuda_driver);
   const int device = choose_device(o);
@@ -77,11 +103,18 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
     return false;
   }
   if (report.reason[0] != '\0') {
-    std::snprintf(line, sizeof line, "mnemosyne: the %s backend is unavailable (%.700s); %s",
-                  backend_name(report.requested), report.reason,
-                  report.active == BackendId::host ? "the heap uses host memory"
-                                                   : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
-    platform.warn(line);
+    std::snprintf(g_unavailable, sizeof g_unavailable, "%s", report.reason);
+    char key[sizeof o.warned];
+    warning_key(report.requested, report.reason, key, sizeof key);
+    if (std::strcmp(key, o.warned) != 0) {
+      std::snprintf(line, sizeof line, "mnemosyne: the %s backend is unavailable (%.700s); %s",
+                    backend_name(report.requested), report.reason,
+                    report.active == BackendId::host
+                        ? "the heap uses host memory"
+                        : "allocations fail (MNEMOSYNE_FALLBACK=fail)");
+      platform.warn(line);
+      platform.mark_warned(key);
+    }
   }
   if (o.verbose) print_verbose(o, report, device, platform.pid, platform.flavour, platform.warn);
   return true;
@@ -99,6 +132,7 @@ stats::ReportContext report_context(const config::Options& o, long pid, const ch
   ctx.size_max = o.size_max;
   ctx.limit = o.limit;
   ctx.fallback = o.fallback == config::Fallback::fail ? "fail" : "host";
+  ctx.unavailable = g_unavailable;
   return ctx;
 }
 

@@ -24,13 +24,21 @@ struct StartPlatform {
   long pid;
   const char* flavour;  // for print_verbose
   void (*warn)(const char* line);
+  // Records in the process's environment, for the processes it starts, the
+  // key of the warning it printed (MNEMOSYNE_WARNED).
+  void (*mark_warned)(const char* key);
 };
 
 // From read options to a running arena: the driver path and device, the
-// arena, one line when the requested backend is unavailable, the verbose
-// lines. False when not even host memory could start a heap (one line says
+// arena, one line when the requested backend is unavailable (once per
+// process tree: a process whose MNEMOSYNE_WARNED holds that line's key
+// stays quiet, and one that prints it sets the key for its children), the
+// verbose lines. False when not even host memory could start a heap (one line says
 // so): the platform's allocator then serves the process.
 bool start_heap(const config::Options& o, const StartPlatform& platform) noexcept;
+
+// Why the requested backend is not active; "" when it is.
+const char* backend_unavailable_reason() noexcept;
 
 // The statistics report's context for this process.
 stats::ReportContext report_context(const config::Options& o, long pid, const char* program,

@@ -33,27 +33,43 @@ namespace {
 
 constinit config::Options g_options{};
 
-// PROGRAMS: whether this process is one whose heap moves. Its names: the
-// file execve was given (AT_EXECFN: a #! script's own path, a symlink's
-// name), the executable after symlinks (/proc/self/exe) and argv[0].
+// PROGRAMS and EXCLUDE: whether this process is one whose heap moves. Its
+// names: the file execve was given (AT_EXECFN: a #! script's own path, a
+// symlink's name), the executable after symlinks (/proc/self/exe) and
+// argv[0].
 bool selected(const config::Options& o, const char* argv0) noexcept {
-  if (o.programs[0] == '\0') return true;
+  if (o.programs[0] == '\0' && o.exclude[0] == '\0') return true;
   char exe[4096];
   const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[n > 0 ? n : 0] = '\0';
   const char* execfn = reinterpret_cast<const char*>(getauxval(AT_EXECFN));
-  for (const char* name : {execfn, static_cast<const char*>(exe), argv0}) {
-    if (config::program_matches(o.programs, name, false)) return true;
-  }
+  const char* names[] = {execfn, exe, argv0};
+  const config::Selection selection = config::select_process(o, names, 3, false);
+  if (selection == config::Selection::moves) return true;
   if (o.verbose) {
     char line[1024];
-    std::snprintf(line, sizeof line,
-                  "mnemosyne: PROGRAMS=%.300s names none of %.200s, %.200s, %.200s: the system "
-                  "allocator serves this process",
-                  o.programs, execfn != nullptr ? execfn : "", exe, argv0 != nullptr ? argv0 : "");
+    if (selection == config::Selection::excluded) {
+      std::snprintf(line, sizeof line,
+                    "mnemosyne: EXCLUDE=%.300s names %.300s: the system allocator serves this "
+                    "process",
+                    o.exclude, exe);
+    } else {
+      std::snprintf(line, sizeof line,
+                    "mnemosyne: PROGRAMS=%.300s names none of %.200s, %.200s, %.200s: the system "
+                    "allocator serves this process",
+                    o.programs, execfn != nullptr ? execfn : "", exe,
+                    argv0 != nullptr ? argv0 : "");
+    }
     warn_line(line);
   }
   return false;
+}
+
+// For the processes this one starts: they inherit the environment (unless
+// the program passes another to execve). The constructor runs before the
+// program's main and before any thread of its own: setenv is safe here.
+void mark_warned(const char* key) noexcept {
+  setenv("MNEMOSYNE_WARNED", key, 1);
 }
 
 void start(const char* argv0) noexcept {
@@ -65,7 +81,11 @@ void start(const char* argv0) noexcept {
   }
   if (!selected(o, argv0)) return;
   const StartPlatform platform{arena::HostHeap{&__libc_malloc, &__libc_memalign},
-                               "the system allocator", static_cast<long>(getpid()), "", &warn_line};
+                               "the system allocator",
+                               static_cast<long>(getpid()),
+                               "",
+                               &warn_line,
+                               &mark_warned};
   if (!start_heap(o, platform)) return;
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
@@ -102,4 +122,5 @@ __attribute__((constructor(101))) static void mnemosyne_constructor(int argc, ch
   mnemosyne::linux_host::resolve();
   mnemosyne::cxx::resolve_runtime();
   mnemosyne::start(argc > 0 && argv != nullptr ? argv[0] : nullptr);
+  mnemosyne::g_before_start.store(false, std::memory_order_relaxed);
 }

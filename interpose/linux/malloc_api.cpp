@@ -18,6 +18,7 @@
 #include "libc.hpp"
 #include "mode.hpp"
 #include "stats/counters.hpp"
+#include "stats/earlier.hpp"
 
 namespace mnemosyne {
 namespace {
@@ -57,8 +58,21 @@ void* counted(void* p, std::size_t requested) noexcept {
   return p;
 }
 
-void count_release(void* p, std::uint8_t tag) noexcept {
-  stats::count_free(pool_of_tag(tag), usable_of(p, tag));
+void count_release(void* p, std::uint8_t tag, std::size_t usable) noexcept {
+  if (tag == 0) {
+    stats::count_system_free(p, usable);  // apart when allocated before the start
+  } else {
+    stats::count_free(stats::pool_of(owner_backend(tag)), usable);
+  }
+}
+
+// A block of the system allocator served in host mode: remembered when the
+// start-up is not over yet (its allocation is never counted).
+inline void* host_block(void* p) noexcept {
+  if (__builtin_expect(g_before_start.load(std::memory_order_relaxed), 0) && p != nullptr) {
+    stats::remember_earlier(p);
+  }
+  return p;
 }
 
 void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
@@ -94,7 +108,7 @@ void* aligned(std::size_t alignment, std::size_t size) noexcept {
   mode = settled_mode();
   if (mode == Mode::arena) return aligned(alignment, size);
   if (mode == Mode::managed) return managed_alloc(size, alignment, false);
-  return __libc_memalign(alignment, size);
+  return host_block(__libc_memalign(alignment, size));
 }
 
 // A block glibc owns: move it into the arena so the heap ends up in backend
@@ -113,7 +127,13 @@ void* realloc_foreign(void* ptr, std::size_t size) noexcept {
 void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   if (mode == Mode::host) {
     // A forked child that lost its heap cannot read an arena block any more.
-    return tag != 0 ? __libc_malloc(size) : __libc_realloc(ptr, size);
+    if (tag != 0) return __libc_malloc(size);
+    void* p = __libc_realloc(ptr, size);
+    if (p != nullptr && g_before_start.load(std::memory_order_relaxed)) {
+      stats::forget_earlier(ptr);
+      host_block(p);
+    }
+    return p;
   }
   const bool counting = g_policy.counting;
   const std::size_t old_usable = counting ? usable_of(ptr, tag) : 0;
@@ -132,7 +152,7 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
   }
   if (p == nullptr) return nomem();  // the old block is untouched
   if (!counting) return p;
-  stats::count_free(pool_of_tag(tag), old_usable);
+  count_release(ptr, tag, old_usable);
   return counted(p, size);
 }
 
@@ -155,7 +175,7 @@ void* malloc_slow(std::size_t size) noexcept {
     return p != nullptr ? p : nomem();
   }
   if (mode == Mode::managed) return managed_alloc(size, 0, false);
-  return __libc_malloc(size);
+  return host_block(__libc_malloc(size));
 }
 
 void free_slow(void* ptr, std::uint8_t tag) noexcept {
@@ -171,7 +191,7 @@ void free_slow(void* ptr, std::uint8_t tag) noexcept {
       mi_free(ptr);
       return;
     }
-    count_release(ptr, tag);
+    count_release(ptr, tag, usable_of(ptr, tag));
   }
   if (tag != 0) {
     arena::free(ptr, tag);
@@ -209,7 +229,7 @@ MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(calloc)(std::size_t count, std::siz
   mode = settled_mode();
   if (mode == Mode::arena) return MNEMOSYNE_API(calloc)(count, size);
   if (mode == Mode::managed) return managed_alloc(total, 0, true);
-  return __libc_calloc(count, size);
+  return host_block(__libc_calloc(count, size));
 }
 
 MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(realloc)(void* ptr, std::size_t size) noexcept {

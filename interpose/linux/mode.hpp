@@ -28,6 +28,10 @@ struct Policy {
 extern std::atomic<Mode> g_mode;
 extern std::atomic<std::uint8_t> g_free_checks;  // kFree* bits
 extern Policy g_policy;                          // written before g_mode leaves host
+// True until the constructor's start-up is over: what the system allocator
+// hands out meanwhile is remembered (stats/earlier.hpp), its frees counted
+// apart.
+extern std::atomic<bool> g_before_start;
 
 // While a fork on another thread copies the heap (Mode::held), waits until it
 // is done. The copy takes milliseconds; what is allocated or freed after it

@@ -20,6 +20,7 @@
 #include "crt.hpp"
 #include "mode.hpp"
 #include "stats/counters.hpp"
+#include "stats/earlier.hpp"
 
 namespace mnemosyne::win {
 
@@ -94,6 +95,16 @@ int pool_of_tag(std::uint8_t tag) noexcept {
   return tag != 0 ? stats::pool_of(owner_backend(tag)) : stats::kSystemPool;
 }
 
+// A counted free: a block of the runtime that was there before the start
+// (see start.cpp, remember_runtime_blocks) is counted apart.
+void count_release(void* p, std::uint8_t tag, std::size_t usable) noexcept {
+  if (tag == 0) {
+    stats::count_system_free(p, usable);
+  } else {
+    stats::count_free(pool_of_tag(tag), usable);
+  }
+}
+
 template <int C>
 void* counted(void* p, std::size_t requested) noexcept {
   if (p != nullptr && g_policy.counting) {
@@ -124,7 +135,7 @@ template <int C>
 [[gnu::noinline]] void free_slow(void* p, std::uint8_t tag, bool aligned) noexcept {
   if (p == nullptr) return;
   if (g_policy.counting && current_mode() == Mode::managed) {
-    stats::count_free(pool_of_tag(tag), usable_of<C>(p, tag));
+    count_release(p, tag, usable_of<C>(p, tag));
   }
   if (tag != 0) {
     arena::free(p, tag);
@@ -200,7 +211,7 @@ void* resize(void* p, std::size_t size, std::size_t alignment) noexcept {
     q = alignment != 0 ? alloc_slow<C>(size, alignment, false) : alloc_slow<C>(size, 0, false);
     if (q == nullptr) return nomem();
     std::memcpy(q, p, old_usable < size ? old_usable : size);
-    if (counting) stats::count_free(pool_of_tag(tag), old_usable);
+    if (counting) count_release(p, tag, old_usable);
     if (tag != 0) {
       arena::free(p, tag);
     } else if (alignment != 0) {
@@ -212,7 +223,7 @@ void* resize(void* p, std::size_t size, std::size_t alignment) noexcept {
   }
   if (q == nullptr) return nomem();
   if (counting) {
-    stats::count_free(pool_of_tag(tag), old_usable);
+    count_release(p, tag, old_usable);
     counted<C>(q, size);
   }
   return q;

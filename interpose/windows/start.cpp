@@ -5,6 +5,7 @@
 // which cannot begin while DllMain holds the loader lock.
 #include "start.hpp"
 
+#include <malloc.h>
 #include <windows.h>
 
 #include <atomic>
@@ -19,6 +20,7 @@
 #include "peb.hpp"
 #include "platform/platform.hpp"
 #include "restore_imports.hpp"
+#include "stats/earlier.hpp"
 #include "stats_report.hpp"
 
 namespace mnemosyne::win {
@@ -61,11 +63,11 @@ bool loader_lock_held() noexcept {
   return reinterpret_cast<DWORD_PTR>(lock->OwningThread) == GetCurrentThreadId();
 }
 
-// PROGRAMS: whether this process is one whose heap moves. Its names: the
-// executable's path, and the same without ".exe" (so "python" names
-// python.exe); case is ignored, as Windows does.
+// PROGRAMS and EXCLUDE: whether this process is one whose heap moves. Its
+// names: the executable's path, and the same without ".exe" (so "python"
+// names python.exe); case is ignored, as Windows does.
 bool selected(const config::Options& o) noexcept {
-  if (o.programs[0] == '\0') return true;
+  if (o.programs[0] == '\0' && o.exclude[0] == '\0') return true;
   char exe[MAX_PATH * 2];
   const DWORD n = GetModuleFileNameA(nullptr, exe, sizeof exe);
   exe[n < sizeof exe ? n : 0] = '\0';
@@ -73,19 +75,45 @@ bool selected(const config::Options& o) noexcept {
   std::memcpy(stem, exe, sizeof exe);
   const std::size_t len = std::strlen(stem);
   if (len > 4 && _stricmp(stem + len - 4, ".exe") == 0) stem[len - 4] = '\0';
-  if (config::program_matches(o.programs, exe, true) ||
-      config::program_matches(o.programs, stem, true)) {
-    return true;
-  }
+  const char* names[] = {exe, stem};
+  const config::Selection selection = config::select_process(o, names, 2, true);
+  if (selection == config::Selection::moves) return true;
   if (o.verbose) {
     char line[1024];
     std::snprintf(line, sizeof line,
-                  "mnemosyne: PROGRAMS=%.300s does not name %.300s: the C runtime serves this "
+                  "mnemosyne: %s=%.300s %s %.300s: the C runtime serves this "
                   "process",
-                  o.programs, exe);
+                  selection == config::Selection::excluded ? "EXCLUDE" : "PROGRAMS",
+                  selection == config::Selection::excluded ? o.exclude : o.programs,
+                  selection == config::Selection::excluded ? "names" : "does not name", exe);
     warn_line(line);
   }
   return false;
+}
+
+// The blocks each C runtime holds when counting begins (allocated before
+// injection, before the start, or by the runtime itself): their frees are
+// counted apart (stats/earlier.hpp). The runtime's own _heapwalk lists them.
+void remember_runtime_blocks() noexcept {
+  using WalkFn = int (*)(_HEAPINFO*);
+  for (const char* name : kCrtModules) {
+    const HMODULE module = GetModuleHandleA(name);
+    const auto walk =
+        module != nullptr
+            ? reinterpret_cast<WalkFn>(reinterpret_cast<void*>(GetProcAddress(module, "_heapwalk")))
+            : nullptr;
+    if (walk == nullptr) continue;
+    _HEAPINFO entry{};
+    while (walk(&entry) == _HEAPOK) {
+      if (entry._useflag == _USEDENTRY && !stats::remember_earlier(entry._pentry)) return;
+    }
+  }
+}
+
+// For the processes this one starts: CreateProcess passes on the process's
+// environment block, which this changes (the C runtime's copy is not read).
+void mark_warned(const char* key) noexcept {
+  SetEnvironmentVariableA("MNEMOSYNE_WARNED", key);
 }
 
 void start() noexcept {
@@ -100,10 +128,15 @@ void start() noexcept {
   // them may be named).
   if (!selected(o)) return;
   const StartPlatform platform{arena::HostHeap{&host_heap_malloc, &host_heap_memalign},
-                               "the C runtime", Os::process_id(), " (Windows DLL)", &warn_line};
+                               "the C runtime",
+                               Os::process_id(),
+                               " (Windows DLL)",
+                               &warn_line,
+                               &mark_warned};
   if (!start_heap(o, platform)) return;
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
+  if (g_policy.counting) remember_runtime_blocks();
   g_policy.routing = o.size_routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;

@@ -72,6 +72,8 @@ std::string metavar_of(const config::OptionInfo& info) {
       return "PATH";
     case config::Type::program_list:
       return "NAME[,NAME...]";
+    case config::Type::word:
+      return "KEY";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -98,6 +100,8 @@ std::string syntax_of(const config::OptionInfo& info) {
     case config::Type::program_list:
       return "a comma-separated list of program names or globs (*, ?, [a-z]), like "
              "python3,train*.py";
+    case config::Type::word:
+      return "a key, as mnemosyne writes it";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -206,6 +210,7 @@ bool check_flag_value(const Flag& flag, const std::string& value, std::string* e
       }
       break;
     case config::Type::program_list:
+    case config::Type::word:
       break;  // the library's own reader checks it below
     case config::Type::integer_or_word:
       // DEVICE=local-rank is resolved in COMMAND's environment (an MPI or

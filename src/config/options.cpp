@@ -28,6 +28,8 @@ enum Row : std::size_t {
   kStatsFile,
   kCudaDriver,
   kPrograms,
+  kExclude,
+  kWarned,
   kDisable,
   kRowCount
 };
@@ -82,6 +84,17 @@ constexpr OptionInfo kTable[kRowCount] = {
      "the process was started as (a #! script's own path) and argv[0]; an item with a / against "
      "the whole path.",
      "MNEMOSYNE_PROGRAMS=python3*,train.py"},
+    {"EXCLUDE", Type::program_list, kDefaultExclude,
+     "Processes whose program matches one of these names or globs keep the system allocator and "
+     "never load the driver, whatever PROGRAMS says; empty for none. The default names programs "
+     "that need a single-threaded process (user namespaces, per-thread credentials), which the "
+     "driver's threads would make fail.",
+     "MNEMOSYNE_EXCLUDE=unshare,nsenter,setpriv,my-sandbox"},
+    {"WARNED", Type::word, "none",
+     "Set by mnemosyne for the rest of a process tree once a process of it printed why the "
+     "backend is unavailable: that line's key (the backend and a digest of the reason). A process "
+     "whose line has the same key prints nothing; its statistics still give the reason.",
+     "MNEMOSYNE_WARNED=unified:3c9d2f1a"},
     {"DISABLE", Type::boolean, "off", "Pass every allocation straight to the system allocator.",
      "MNEMOSYNE_DISABLE=1"},
 };
@@ -96,7 +109,8 @@ static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is
               row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
               row_is(kVerbose, "VERBOSE") && row_is(kShowStats, "SHOW_STATS") &&
               row_is(kStatsFile, "STATS_FILE") && row_is(kCudaDriver, "CUDA_DRIVER") &&
-              row_is(kPrograms, "PROGRAMS") && row_is(kDisable, "DISABLE"));
+              row_is(kPrograms, "PROGRAMS") && row_is(kExclude, "EXCLUDE") &&
+              row_is(kWarned, "WARNED") && row_is(kDisable, "DISABLE"));
 
 constexpr char kPrefix[] = "MNEMOSYNE_";
 constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
@@ -334,7 +348,14 @@ void Reader::apply(Row row, const Entry& e) noexcept {
     case kCudaDriver:
       path(row, e, o.cuda_driver, sizeof o.cuda_driver);
       return;
+    case kExclude:
+      if (e.value[0] == '\0') {
+        o.exclude[0] = '\0';
+        return;
+      }
+      [[fallthrough]];
     case kPrograms: {
+      char* dest = row == kExclude ? o.exclude : o.programs;
       const std::size_t len = detail::length(e.value);
       if (!parse_program_list(e.value)) {
         invalid(row, e,
@@ -345,8 +366,17 @@ void Reader::apply(Row row, const Entry& e) noexcept {
             e.name, e.value_len, e.value, e.clipped, sizeof o.programs - 1,
             kTable[row].default_text);
       } else {
-        for (std::size_t i = 0; i <= len; ++i) o.programs[i] = e.value[i];
+        for (std::size_t i = 0; i <= len; ++i) dest[i] = e.value[i];
       }
+      return;
+    }
+    case kWarned: {
+      const std::size_t len = detail::length(e.value);
+      if (len >= sizeof o.warned) {
+        invalid(row, e, "a key as mnemosyne writes it (backend:digest)");
+        return;
+      }
+      for (std::size_t i = 0; i <= len; ++i) o.warned[i] = e.value[i];
       return;
     }
     case kRowCount:
@@ -365,6 +395,8 @@ void read_options(char* const* envp, bool secure, Options* out,
                   void (*warn)(const char* line)) noexcept {
   if (out == nullptr) return;
   *out = Options{};
+  static_assert(sizeof kDefaultExclude <= sizeof out->exclude);
+  for (std::size_t i = 0; i < sizeof kDefaultExclude; ++i) out->exclude[i] = kDefaultExclude[i];
   out->local_rank = local_rank(envp);
   Reader reader(secure, out, warn);
   reader.read(envp);

@@ -34,7 +34,25 @@ struct Options {
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced
   char cuda_driver[512] = {};                      // CUDA_DRIVER ("" = default search)
   char programs[512] = {};                         // PROGRAMS ("" = every program)
+  char exclude[512] = {};                          // EXCLUDE ("" = none); read_options sets
+                                                   // the default, kDefaultExclude
+  char warned[64] = {};                            // WARNED ("" = none)
 };
+
+// EXCLUDE's default: programs that need a single-threaded process, which the
+// driver's threads (started in the constructor, before main) would break:
+// user namespaces (unshare -U/-r, nsenter -U, bwrap, firejail, runc, crun,
+// lxc-usernsexec) and per-thread credentials (setpriv keeps its capabilities
+// on one thread while glibc changes the IDs of all: the others' setresgid
+// fails and glibc aborts).
+inline constexpr char kDefaultExclude[] =
+    "unshare,nsenter,setpriv,bwrap,firejail,runc,crun,lxc-usernsexec";
+
+// What PROGRAMS and EXCLUDE say of a process known by `names` (the names it
+// was started by, see program_matches; null entries are skipped).
+enum class Selection : std::uint8_t { moves, not_named, excluded };
+Selection select_process(const Options& o, const char* const* names, std::size_t count,
+                         bool windows) noexcept;
 
 enum class Type : std::uint8_t {
   boolean,
@@ -44,6 +62,7 @@ enum class Type : std::uint8_t {
   choice,
   path,
   program_list,
+  word,  // a short token written by mnemosyne itself (WARNED)
 };
 
 struct OptionInfo {

@@ -143,4 +143,17 @@ bool program_matches(const char* list, const char* name, bool windows) noexcept 
   return hit;
 }
 
+Selection select_process(const Options& o, const char* const* names, std::size_t count,
+                         bool windows) noexcept {
+  const auto any = [&](const char* list) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (program_matches(list, names[i], windows)) return true;
+    }
+    return false;
+  };
+  if (o.exclude[0] != '\0' && any(o.exclude)) return Selection::excluded;
+  if (o.programs[0] != '\0' && !any(o.programs)) return Selection::not_named;
+  return Selection::moves;
+}
+
 }  // namespace mnemosyne::config

@@ -77,7 +77,16 @@ Snapshot take_snapshot(const ReportContext& ctx) noexcept {
       pools[n++] = p;
     }
   }
-  pools[n++] = Pool{"system", counts[kSystemPool], 0, 0, 0, 0, 0.0, 0};
+  // Frees of system blocks whose allocation was never counted and that were
+  // not remembered (past the table, or allocated inside the runtime out of
+  // mnemosyne's sight) would show as negative live bytes: counted apart.
+  snap.earlier = earlier_frees();
+  PoolTotals system = counts[kSystemPool];
+  if (system.bytes_live < 0) {
+    snap.earlier.bytes += static_cast<std::uint64_t>(-system.bytes_live);
+    system.bytes_live = 0;
+  }
+  pools[n++] = Pool{"system", system, 0, 0, 0, 0, 0.0, 0};
   snap.count = n;
   return snap;
 }
@@ -100,7 +109,10 @@ std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* bu
         backend_name(ctx.requested), backend_name(arena::active_backend()));
   w.put("  \"device\": %d,\n  \"counting\": %s,\n", ctx.device, ctx.counting ? "true" : "false");
   w.put("  \"size_range\": {\"min\": %zu, \"max\": %zu},\n", ctx.size_min, ctx.size_max);
-  w.put("  \"limit\": %zu,\n  \"fallback\": \"%s\",\n  \"pools\": {\n", ctx.limit, ctx.fallback);
+  w.put("  \"limit\": %zu,\n  \"fallback\": \"%s\",\n  \"backend_unavailable\": ", ctx.limit,
+        ctx.fallback);
+  w.json_string(ctx.unavailable);
+  w.put(",\n  \"pools\": {\n");
   for (int i = 0; i < snap.count; ++i) {
     const Pool& p = snap.pools[i];
     w.put("    \"%s\": {\n", p.name);
@@ -122,8 +134,11 @@ std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* bu
   w.put("  },\n  \"fallbacks\": {\"count\": %llu, \"reason\": ",
         static_cast<unsigned long long>(a.host_fallbacks));
   w.json_string(arena::fallback_reason());
+  w.put("},\n  \"earlier_frees\": {\"count\": %llu, \"bytes\": %llu},\n",
+        static_cast<unsigned long long>(snap.earlier.count),
+        static_cast<unsigned long long>(snap.earlier.bytes));
   w.put(
-      "},\n  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu,\n"
+      "  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu,\n"
       "  \"fork_bytes_via_driver\": %llu\n}\n",
       static_cast<unsigned long long>(a.driver_allocations),
       static_cast<unsigned long long>(a.fork_bytes_copied),
@@ -137,6 +152,10 @@ std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* b
   Writer w(buf, len);
   w.put("mnemosyne: pid %ld (%s), backend %s (active %s), device %d\n", ctx.pid, ctx.program,
         backend_name(ctx.requested), backend_name(arena::active_backend()), ctx.device);
+  if (ctx.unavailable[0] != '\0') {
+    w.put("mnemosyne: the %s backend was unavailable: %s\n", backend_name(ctx.requested),
+          ctx.unavailable);
+  }
   w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s %5s %14s %7s %10s\n", "pool", "allocs", "frees",
         "requested", "live", "peak", "segs", "reserved", "calls", "driver ms");
   for (int i = 0; i < snap.count; ++i) {
@@ -158,6 +177,13 @@ std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* b
   if (a.host_fallbacks != 0) {
     w.put("mnemosyne: %llu requests fell back to the system allocator: %s\n",
           static_cast<unsigned long long>(a.host_fallbacks), arena::fallback_reason());
+  }
+  if (snap.earlier.count != 0 || snap.earlier.bytes != 0) {
+    w.put(
+        "mnemosyne: %llu frees (%llu bytes) of blocks the system allocator handed out before "
+        "mnemosyne started, not counted in its pool\n",
+        static_cast<unsigned long long>(snap.earlier.count),
+        static_cast<unsigned long long>(snap.earlier.bytes));
   }
   return w.used();
 }

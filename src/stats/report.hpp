@@ -10,6 +10,7 @@
 #include "arena/arena.hpp"
 #include "backend/backend_id.hpp"
 #include "stats/counters.hpp"
+#include "stats/earlier.hpp"
 
 namespace mnemosyne::stats {
 
@@ -23,6 +24,7 @@ struct ReportContext {
   std::size_t size_max = 0;
   std::size_t limit = 0;
   const char* fallback = "host";
+  const char* unavailable = "";  // why the requested backend is not active ("" when it is)
 };
 
 // One pool's figures: counts (when counting) and the backend's own.
@@ -44,6 +46,7 @@ struct Snapshot {
   Pool pools[kPools];
   int count = 0;
   arena::Stats arena;
+  EarlierFrees earlier;  // bytes include what the system pool's live bytes fell below zero by
 };
 Snapshot take_snapshot(const ReportContext& ctx) noexcept;
 

@@ -38,6 +38,8 @@ ALL_FLAGS = [
      STATS_DIR + "/s.%p.json"),
     ("--cuda-driver", FAKE, "MNEMOSYNE_CUDA_DRIVER", FAKE),
     ("--programs", "python3*,train.py", "MNEMOSYNE_PROGRAMS", "python3*,train.py"),
+    ("--exclude", "unshare,my-sandbox", "MNEMOSYNE_EXCLUDE", "unshare,my-sandbox"),
+    ("--warned", "unified:3c9d2f1a", "MNEMOSYNE_WARNED", "unified:3c9d2f1a"),
     ("--disable", None, "MNEMOSYNE_DISABLE", "1"),
 ]
 

@@ -240,12 +240,13 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},     {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range},    {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},         {"FALLBACK", Type::choice},
-      {"CONTEXT", Type::choice},     {"VERBOSE", Type::boolean},
-      {"SHOW_STATS", Type::boolean}, {"STATS_FILE", Type::path},
-      {"CUDA_DRIVER", Type::path},   {"PROGRAMS", Type::program_list},
+      {"BACKEND", Type::choice},       {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},      {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},           {"FALLBACK", Type::choice},
+      {"CONTEXT", Type::choice},       {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean},   {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},     {"PROGRAMS", Type::program_list},
+      {"EXCLUDE", Type::program_list}, {"WARNED", Type::word},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -664,6 +665,45 @@ TEST(ConfigPrograms, WindowsNames) {
   EXPECT_FALSE(program_matches("node.exe", "C:\\Python\\python.exe", true));
 }
 
+TEST(ConfigPrograms, ExcludeDefaultsToSingleThreadedTools) {
+  const Options o = read({});
+  EXPECT_STREQ(o.exclude, kDefaultExclude);
+  const char* unshare[] = {"/usr/bin/unshare", "unshare"};
+  EXPECT_EQ(select_process(o, unshare, 2, false), Selection::excluded);
+  const char* python[] = {"/usr/bin/python3.11", "python3"};
+  EXPECT_EQ(select_process(o, python, 2, false), Selection::moves);
+  // EXCLUDE wins over PROGRAMS; empty excludes nothing.
+  Options both = read({"MNEMOSYNE_PROGRAMS=unshare,python3*"});
+  EXPECT_EQ(select_process(both, unshare, 2, false), Selection::excluded);
+  EXPECT_EQ(select_process(both, python, 2, false), Selection::moves);
+  const char* gcc[] = {"/usr/bin/gcc-12", "gcc"};
+  EXPECT_EQ(select_process(both, gcc, 2, false), Selection::not_named);
+  const Options none = read({"MNEMOSYNE_EXCLUDE="});
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_STREQ(none.exclude, "");
+  EXPECT_EQ(select_process(none, unshare, 2, false), Selection::moves);
+  const Options mine = read({"MNEMOSYNE_EXCLUDE=my-sandbox*"});
+  const char* sandbox[] = {"/opt/my-sandbox-2"};
+  EXPECT_EQ(select_process(mine, sandbox, 1, false), Selection::excluded);
+  EXPECT_EQ(select_process(mine, unshare, 2, false), Selection::moves);
+  // Null names (no AT_EXECFN) are skipped.
+  const char* partial[] = {nullptr, "nsenter"};
+  EXPECT_EQ(select_process(o, partial, 2, false), Selection::excluded);
+  // A malformed list warns and keeps the default.
+  EXPECT_STREQ(read({"MNEMOSYNE_EXCLUDE=a,,b"}).exclude, kDefaultExclude);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_TRUE(contains(g_lines[0], "MNEMOSYNE_EXCLUDE=a,,b is not")) << g_lines[0];
+}
+
+TEST(ConfigRead, WarnedKey) {
+  EXPECT_STREQ(read({}).warned, "");
+  EXPECT_STREQ(read({"MNEMOSYNE_WARNED=unified:0a1b2c3d"}).warned, "unified:0a1b2c3d");
+  EXPECT_TRUE(g_lines.empty());
+  const std::string long_key(100, 'k');
+  EXPECT_STREQ(read({"MNEMOSYNE_WARNED=" + long_key}).warned, "");
+  ASSERT_EQ(g_lines.size(), 1u);
+}
+
 TEST(ConfigPrograms, ReadAndWarnings) {
   EXPECT_STREQ(read({"MNEMOSYNE_PROGRAMS=gcc,cc1*"}).programs, "gcc,cc1*");
   EXPECT_TRUE(g_lines.empty());
@@ -710,7 +750,7 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
             "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, VERBOSE, SHOW_STATS, STATS_FILE, "
-            "CUDA_DRIVER, PROGRAMS, DISABLE");
+            "CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];
   EXPECT_TRUE(contains(g_lines[3], "unknown option MNEMOSYNE_TEST=1")) << g_lines[3];
