@@ -697,6 +697,68 @@ def case_signals(tmp, backend):
         check_heap(events, backend, 0)
 
 
+def case_single_threaded_tools(tmp, backend):
+    """Programs that need a single-threaded process (a user namespace, one
+    thread's credentials) keep the system allocator by default (EXCLUDE) and
+    work as without mnemosyne; the commands they run move their heap."""
+    # id runs as nobody (outside the namespace too): the double's log must
+    # be writable for it.
+    os.chmod(tmp, 0o777)
+    for cmd in (["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "id"],
+                ["unshare", "-U", "id"], ["unshare", "-r", "id"]):
+        log = os.path.join(tmp, "fake.log")
+        with open(log, "w"):
+            pass
+        os.chmod(log, 0o666)
+        events, _, _ = twice(tmp, backend, cmd, " ".join(cmd))
+        check_heap(events, backend, 0)
+        if not REAL and backend != "host":
+            # One process loaded the driver: id, not the tool before it.
+            expect(len({e["pid"] for e in events if e["event"] == "init"}) == 1,
+                   f"{cmd[0]}: expected only id to load the driver: {events[:4]}")
+    if backend == "host":
+        return
+    # Why: with the driver's threads in the tool itself, the kernel refuses
+    # the user namespace (a multi-threaded process may not create one).
+    run = Run(tmp, backend, True, {"MNEMOSYNE_EXCLUDE": ""})
+    r = run(["unshare", "-U", "id"])
+    expect(r.returncode != 0 and b"Invalid argument" in r.stderr,
+           f"unshare -U with the driver loaded: {r.returncode} {r.stderr!r}")
+
+
+TREE = ["/bin/sh", "-c", "ls / | sort | tail -3; echo x | cat; /bin/sh -c 'echo nested | cat'"]
+
+
+def case_warn_once(tmp, backend):
+    """Without a driver, a tree of processes prints the fallback warning
+    once (its first process), and every process's statistics give the
+    reason."""
+    for name, extra in (("no driver", {"MNEMOSYNE_CUDA_DRIVER": "/nonexistent/libcuda.so.1"}),
+                        ("no device", {"FAKECUDA_DEVICES": "0"})):
+        stats = tempfile.mkdtemp(prefix="warn-", dir=tmp)
+        extra = dict(extra, MNEMOSYNE_STATS_FILE=os.path.join(stats, "%p.json"))
+        base = Run(tmp, backend, False, extra)(TREE)
+        mine = Run(tmp, backend, True, extra)(TREE)
+        expect(base.stdout == mine.stdout and base.returncode == mine.returncode,
+               f"{name}: output differs: {mine.stdout!r} {mine.returncode}")
+        one_warning(mine, rf"the {backend} backend is unavailable .*the heap uses host memory")
+        docs = []
+        for f in os.listdir(stats):
+            with open(os.path.join(stats, f)) as fh:
+                docs.append(json.load(fh))
+        # ls, sort, tail, cat, cat (the shells exec their last command)
+        expect(len(docs) >= 5, f"{name}: {len(docs)} statistics files for the tree")
+        quiet = [d["program"] for d in docs if not d["backend_unavailable"]]
+        expect(not quiet, f"{name}: no reason in the statistics of {quiet}")
+        for d in docs:
+            validate_stats(d)
+    # Through the launcher, as users run it: the same, one line.
+    r = subprocess.run([LAUNCHER, "run", f"--backend={backend}", f"--cuda-driver={FAKE}", "--"]
+                       + TREE, env=dict(Run(tmp, backend, False).env, FAKECUDA_DEVICES="0"),
+                       capture_output=True, timeout=TIMEOUT)
+    one_warning(r, rf"the {backend} backend is unavailable")
+
+
 def case_own_context(tmp, backend):
     """MNEMOSYNE_CONTEXT=own: a program that resets the primary context at the
     end of main exits as it does without mnemosyne, its heap untouched."""
@@ -989,14 +1051,18 @@ def validate_stats(doc):
     for key, kind in (("pid", int), ("program", str), ("requested_backend", str),
                       ("active_backend", str), ("device", int), ("counting", bool),
                       ("size_range", dict), ("limit", int), ("fallback", str), ("pools", dict),
-                      ("fallbacks", dict), ("fork_bytes_copied", int)):
+                      ("fallbacks", dict), ("fork_bytes_copied", int),
+                      ("backend_unavailable", str), ("earlier_frees", dict)):
         expect(isinstance(doc.get(key), kind), f"stats key {key} missing or not {kind.__name__}")
     expect("system" in doc["pools"], "stats: no system pool")
     for name, pool in doc["pools"].items():
         expect(set(pool) == STATS_KEYS, f"pool {name} keys {sorted(pool)}")
         for k, v in pool.items():
             expect(isinstance(v, (int, float)) and not isinstance(v, bool), f"{name}.{k} = {v!r}")
-            expect(k == "bytes_live" or v >= 0, f"{name}.{k} negative")
+            expect(v >= 0, f"{name}.{k} negative")
+    for k in ("count", "bytes"):
+        v = doc["earlier_frees"].get(k)
+        expect(isinstance(v, int) and v >= 0, f"earlier_frees.{k} = {v!r}")
 
 
 def case_stats_json(tmp, backend):

@@ -225,6 +225,16 @@ WScript.Echo(a.length + " " + a.join(",").length + " " + m["k19999"] + " " + s.l
 """
 
 
+def negative_figures(doc):
+    """Every figure of a statistics file that is below zero (none may be:
+    frees of blocks the runtime handed out before the start are counted
+    apart, in earlier_frees)."""
+    found = [f"{pool}.{k}={v}" for pool, figures in doc.get("pools", {}).items()
+             for k, v in figures.items() if isinstance(v, (int, float)) and v < 0]
+    found += [f"earlier_frees.{k}={v}" for k, v in doc.get("earlier_frees", {}).items() if v < 0]
+    return found
+
+
 def case_real_program(wine, a, name, argv, extra_env=None, min_pids=1):
     """An unmodified program that ships with wine (cmd.exe, cscript.exe):
     the same output as without mnemosyne, and its heap in driver memory."""
@@ -251,6 +261,8 @@ def case_real_program(wine, a, name, argv, extra_env=None, min_pids=1):
             with open(os.path.join(wine.work, f)) as fh:
                 doc = json.load(fh)
             served += doc.get("pools", {}).get("unified", {}).get("allocations", 0)
+            if negative_figures(doc):
+                problems.append(f"{f}: negative figures {negative_figures(doc)}")
             if extra_env and "FAKECUDA_THREAD_ITERS" in extra_env and \
                     doc.get("driver_allocations", 0) == 0:
                 problems.append("no driver-thread allocation needed new memory: proved nothing")
@@ -359,6 +371,15 @@ def case_stats(wine, a):
             if doc.get("schema") != "mnemosyne-stats/1" or '"allocations": 0' in text.split(
                     '"unified"')[-1][:200]:
                 problems.append(f"{f}: unexpected content {text[:200]}")
+            if negative_figures(doc):
+                problems.append(f"{f}: negative figures {negative_figures(doc)}")
+            # The harness frees and reallocates blocks allocated before
+            # injection: counted apart, not as the system pool's.
+            if doc.get("program", "").lower().startswith("harness") and \
+                    doc.get("earlier_frees", {}).get("count", 0) == 0:
+                problems.append(f"{f}: the harness's frees of earlier blocks were not counted "
+                                f"apart: {doc.get('earlier_frees')}, system pool "
+                                f"{doc.get('pools', {}).get('system')}")
         except (OSError, ValueError) as e:
             problems.append(f"{f}: {e}")
     record("stats-file", not problems, "; ".join(problems))
