@@ -3,28 +3,36 @@
 // Memory of the CUDA backends is not inherited by a child created with fork()
 // (the driver marks it MADV_DONTFORK, or disables the child's mapping), yet
 // the child's heap, mimalloc's metadata included, lives there. So the parent
-// copies what the child needs into private anonymous memory ("shadows"),
-// which the child inherits and moves to the segments' addresses (mremap).
+// writes what the child needs into an image: a memfd whose file offsets are
+// the segments' addresses (a sparse file: only what is written takes
+// memory). The child inherits the descriptor and maps the image privately at
+// those addresses, copy-on-write, as fork() would have shared the pages.
+// Writing the image with pwrite() copies each byte once, into page-cache
+// pages the kernel does not zero first; the parent maps nothing new and
+// unmaps nothing after the fork (it closes the descriptor). An anonymous
+// copy, populated and then written, cost the kernel's zero-fill and, on
+// virtual machines that shadow page tables, a trap per page the first time
+// it was written.
 //
 // What is copied: the live ranges of each segment (mimalloc-live.h: segment
 // metadata and the blocks each page has handed out; a dedicated block
 // whole), whatever mincore says about them:
-//  - pages the CPU has mapped, with memcpy;
+//  - pages the CPU has mapped, written from where they are;
 //  - pages it has not mapped: in managed memory they may hold data that lives
 //    on a device, where a CPU read would migrate it back. copy_early() copies
 //    those through the backend's copy_out before any atfork handler runs
-//    (from the fork() wrapper), leaving pages that read as zero unallocated in
-//    the shadow. What it did not copy, prepare_fork() reads with the CPU:
+//    (from the fork() wrapper), leaving pages that read as zero out of the
+//    image. What it did not copy, prepare_fork() reads with the CPU:
 //    correct, at the cost of a migration. In memory whose data is always on
 //    the CPU (pinned), an unmapped page was never touched and is skipped.
 //
 // When the child gets its copy: in a child of a multi-threaded parent,
 // glibc's fork() touches the heap before any atfork child handler runs (it
-// resets the lock of every FILE). So the child restores every shadow at its
-// first touch of a missing segment, from a fault handler
-// (restore_child_heap, async-signal-safe), or in child_after_fork, whichever
-// comes first.
+// resets the lock of every FILE). So the child maps the image at its first
+// touch of a missing segment, from a fault handler (restore_child_heap,
+// async-signal-safe), or in child_after_fork, whichever comes first.
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -46,17 +54,19 @@ namespace mnemosyne::arena {
 namespace {
 
 constexpr std::size_t kMaxShadows = SegmentTable::kCapacity;
+// The image's size: every user address (ownership_map.hpp) is an offset.
+constexpr off_t kImageBytes = off_t{1} << kAddressBits;
 
+// A segment the child gets from the image.
 struct Shadow {
-  void* copy = nullptr;    // private memory the child inherits
-  void* target = nullptr;  // the segment's start
+  void* target = nullptr;  // the segment's start, and its offset in the image
   std::size_t size = 0;
   std::uint64_t serial = 0;         // the table entry it copies
   std::uint64_t* early = nullptr;   // copy_early: one bit per page it copied
   std::size_t early_map_bytes = 0;  // that bitmap's mapping
 };
 
-// A segment the child lacks and has no copy of (no memory for one).
+// A segment the child lacks and has no copy of (the image could not take it).
 struct Missing {
   void* start = nullptr;
   std::size_t size = 0;
@@ -69,6 +79,7 @@ constinit std::size_t g_shadow_count = 0;
 constinit Missing g_missing[kMaxShadows] = {};
 constinit std::size_t g_missing_count = 0;
 constinit pid_t g_parent_pid = 0;
+constinit int g_image = -1;  // the fork's image (memfd), shared by both passes
 
 // copy_early's shadows, until the prepare_fork of the same thread adopts them.
 constinit Shadow g_early[kMaxShadows] = {};
@@ -102,10 +113,55 @@ void* map_anonymous(std::size_t size) noexcept {
   return p == MAP_FAILED ? nullptr : p;
 }
 
-void unmap_shadow(Shadow& s) noexcept {
-  if (s.copy != nullptr) munmap(s.copy, s.size);
+// The fork's image, made once per fork (both passes write into it). A memfd;
+// close-on-exec, so that a child that execs without touching its heap leaves
+// it behind.
+bool open_image() noexcept {
+  if (g_image >= 0) return true;
+  const int fd = memfd_create("mnemosyne-fork-heap", MFD_CLOEXEC);
+  if (fd < 0) return false;
+  if (ftruncate(fd, kImageBytes) != 0) {
+    close(fd);
+    return false;
+  }
+  g_image = fd;
+  return true;
+}
+
+void close_image() noexcept {
+  if (g_image >= 0) close(g_image);
+  g_image = -1;
+}
+
+// Writes [src, src + size) into the image at `at`'s offset. False when the
+// image could not take it (no memory). The kernel reads the source itself;
+// where it cannot (EFAULT: memory whose pages a driver maps in only from its
+// own fault handler, as the test double does with pages it holds "on the
+// device"), the bytes go through a buffer, read by this thread.
+constinit unsigned char g_fault_bounce[64 * 1024];  // under the fork lock
+
+bool write_image(const void* at, const void* src, std::size_t size) noexcept {
+  auto* from = static_cast<const unsigned char*>(src);
+  auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at));
+  while (size > 0) {
+    ssize_t n = pwrite(g_image, from, size, offset);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EFAULT) {
+      const std::size_t piece = size < sizeof g_fault_bounce ? size : sizeof g_fault_bounce;
+      std::memcpy(g_fault_bounce, from, piece);
+      n = pwrite(g_image, g_fault_bounce, piece, offset);
+      if (n < 0 && errno == EINTR) continue;
+    }
+    if (n <= 0) return false;
+    from += n;
+    offset += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void drop_bitmap(Shadow& s) noexcept {
   if (s.early != nullptr) munmap(s.early, s.early_map_bytes);
-  s.copy = nullptr;
   s.early = nullptr;
 }
 
@@ -128,8 +184,14 @@ struct Pass {
   bool off_cpu;              // data_off_cpu(backend)
   unsigned char* residency;  // mincore buffer, kWindowPages entries
   unsigned char* bounce;     // early pass: copy_out's destination
-  std::uint64_t bytes = 0;   // written into the shadow
+  std::uint64_t bytes = 0;   // written into the image
   std::uint64_t via_backend = 0;
+  bool failed = false;  // the image could not take a write
+  // Live ranges that touch are handled as one (a full page's blocks end
+  // where the next page's begin): one mincore and one write for a run of
+  // them, not one per page.
+  unsigned char* pending = nullptr;
+  std::size_t pending_size = 0;
 };
 
 constexpr std::size_t kWindowPages = std::size_t{1} << 16;  // 256 MiB of 4 KiB pages
@@ -141,37 +203,45 @@ bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
   return s.early != nullptr && (s.early[page_index / 64] >> (page_index % 64) & 1) != 0;
 }
 
-// Copies pages [first, first + count) of the segment (CPU pass). The shadow
-// pages are faulted in by one madvise first: a fault per 4 KiB page costs
-// more than the copy itself (kernels before 5.14 lack it: the copy faults).
+void put(Pass& pass, const unsigned char* at, const unsigned char* src, std::size_t size) noexcept {
+  if (!write_image(at, src, size)) {
+    pass.failed = true;
+    return;
+  }
+  pass.bytes += size;
+}
+
+// Copies pages [first, first + count) of the segment as they are (CPU pass).
 void cpu_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
   const std::size_t page = Os::page_size();
-  auto* src = static_cast<const unsigned char*>(pass.shadow->target);
-  auto* dst = static_cast<unsigned char*>(pass.shadow->copy);
-  madvise(dst + first * page, count * page, MADV_POPULATE_WRITE);
-  std::memcpy(dst + first * page, src + first * page, count * page);
-  pass.bytes += count * page;
+  auto* base = static_cast<const unsigned char*>(pass.shadow->target);
+  put(pass, base + first * page, base + first * page, count * page);
 }
 
 // Early pass: pages [first, first + count), which the CPU has not mapped,
-// through copy_out, chunk by chunk; zero pages stay unallocated.
+// through copy_out, chunk by chunk; zero pages stay out of the image.
 void early_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
   const std::size_t page = Os::page_size();
   Shadow& s = *pass.shadow;
-  auto* src = static_cast<const unsigned char*>(s.target);
-  auto* dst = static_cast<unsigned char*>(s.copy);
+  auto* base = static_cast<const unsigned char*>(s.target);
   const std::size_t chunk_pages = kBounceBytes / page;
   for (std::size_t done = 0; done < count;) {
     const std::size_t n = count - done < chunk_pages ? count - done : chunk_pages;
     const std::size_t at = first + done;
-    if (copy_out(pass.backend, pass.bounce, src + at * page, n * page)) {
+    if (copy_out(pass.backend, pass.bounce, base + at * page, n * page)) {
       pass.via_backend += n * page;
-      for (std::size_t i = 0; i < n; ++i) {
-        const unsigned char* p = pass.bounce + i * page;
-        if (!is_zero(p, page)) {
-          std::memcpy(dst + (at + i) * page, p, page);
-          pass.bytes += page;
+      // Runs of non-zero pages, each in one write.
+      for (std::size_t i = 0; i < n;) {
+        if (is_zero(pass.bounce + i * page, page)) {
+          ++i;
+          continue;
         }
+        std::size_t j = i + 1;
+        while (j < n && !is_zero(pass.bounce + j * page, page)) ++j;
+        put(pass, base + (at + i) * page, pass.bounce + i * page, (j - i) * page);
+        i = j;
+      }
+      for (std::size_t i = 0; i < n; ++i) {
         s.early[(at + i) / 64] |= std::uint64_t{1} << ((at + i) % 64);
       }
     }
@@ -193,20 +263,17 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
   if (!pass.off_cpu) return;  // never touched: zero in the child too
   // Not copied early (no fork() wrapper, the copy failed, or allocated since):
   // read with the CPU, which migrates the data but reads it right. Pages
-  // that read as zero (never touched, most likely) stay unallocated.
+  // that read as zero (never touched, most likely) stay out of the image.
   const std::size_t page = Os::page_size();
-  auto* src = static_cast<const unsigned char*>(pass.shadow->target);
-  auto* dst = static_cast<unsigned char*>(pass.shadow->copy);
+  auto* base = static_cast<const unsigned char*>(pass.shadow->target);
   for (std::size_t i = first; i < first + count; ++i) {
-    if (early_copied(*pass.shadow, i) || is_zero(src + i * page, page)) continue;
-    std::memcpy(dst + i * page, src + i * page, page);
-    pass.bytes += page;
+    if (early_copied(*pass.shadow, i) || is_zero(base + i * page, page)) continue;
+    put(pass, base + i * page, base + i * page, page);
   }
 }
 
-// mnemosyne_mi_range_fn: one live range of the segment the pass copies.
-void copy_range(void* start, std::size_t size, void* arg) noexcept {
-  Pass& pass = *static_cast<Pass*>(arg);
+// One run of live ranges of the segment the pass copies.
+void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
   const std::size_t page = Os::page_size();
   auto* base = static_cast<unsigned char*>(pass.shadow->target);
   const std::size_t first =
@@ -231,52 +298,60 @@ void copy_range(void* start, std::size_t size, void* arg) noexcept {
   }
 }
 
+void flush(Pass& pass) noexcept {
+  if (pass.pending_size != 0) copy_live(pass, pass.pending, pass.pending_size);
+  pass.pending_size = 0;
+}
+
+// mnemosyne_mi_range_fn: one live range; they come in address order.
+void copy_range(void* start, std::size_t size, void* arg) noexcept {
+  Pass& pass = *static_cast<Pass*>(arg);
+  auto* at = static_cast<unsigned char*>(start);
+  if (pass.pending_size != 0 && pass.pending + pass.pending_size == at) {
+    pass.pending_size += size;
+    return;
+  }
+  flush(pass);
+  pass.pending = at;
+  pass.pending_size = size;
+}
+
 void copy_segment(const SegmentTable::Entry& e, Pass& pass) noexcept {
   if (e.dedicated || mnemosyne_mi_arena_live(e.segment.start, &copy_range, &pass) == 0) {
     copy_range(e.segment.start, e.segment.size, &pass);  // a dedicated block is live whole
   }
+  flush(pass);
 }
 
-// Private memory for the copy of a segment. Not transparent huge pages: the
-// copy is sparse (segment metadata, pages in use), and a huge page would
-// back 2 MiB for every 4 KiB written.
-bool map_shadow(Shadow& s, const SegmentTable::Entry& e, bool with_bitmap) noexcept {
+void describe(Shadow& s, const SegmentTable::Entry& e) noexcept {
   s.target = e.segment.start;
   s.size = e.segment.size;
   s.serial = e.serial;
-  s.copy = map_anonymous(s.size);
-  if (s.copy == nullptr) return false;
-  if (with_bitmap) {
-    const std::size_t pages = s.size / Os::page_size();
-    s.early_map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), Os::page_size());
-    s.early = static_cast<std::uint64_t*>(map_anonymous(s.early_map_bytes));
-    if (s.early == nullptr) {
-      unmap_shadow(s);
-      return false;
-    }
-  }
-  return true;
+  s.early = nullptr;
+}
+
+// copy_early's bitmap of the pages it copied.
+bool map_bitmap(Shadow& s) noexcept {
+  const std::size_t pages = s.size / Os::page_size();
+  s.early_map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), Os::page_size());
+  s.early = static_cast<std::uint64_t*>(map_anonymous(s.early_map_bytes));
+  return s.early != nullptr;
 }
 
 void drop_early() noexcept {
   g_early_thread.store(0, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < g_early_count; ++i) unmap_shadow(g_early[i]);
+  for (std::size_t i = 0; i < g_early_count; ++i) drop_bitmap(g_early[i]);
   g_early_count = 0;
 }
 
-// Moves copy_early's shadow of table entry `serial` into `out`; false when
-// there is none.
+// Moves copy_early's bitmap of table entry `serial` into `out`; false when
+// there is none (the image is shared: nothing else moves).
 bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
   for (std::size_t i = 0; i < g_early_count; ++i) {
     Shadow& s = g_early[i];
-    if (s.copy == nullptr || s.serial != serial) continue;
-    out.copy = s.copy;
-    out.target = s.target;
-    out.size = s.size;
-    out.serial = s.serial;
+    if (s.early == nullptr || s.serial != serial) continue;
     out.early = s.early;
     out.early_map_bytes = s.early_map_bytes;
-    s.copy = nullptr;
     s.early = nullptr;
     return true;
   }
@@ -307,12 +382,14 @@ bool copy_early() noexcept {
     }
   }
   if (n == 0) return true;
+  if (!open_image()) return false;
   auto* bounce = static_cast<unsigned char*>(map_anonymous(kBounceBytes));
   if (bounce == nullptr) return false;
   bool ok = true;
   for (std::size_t i = 0; i < n && ok; ++i) {
     Shadow& s = g_early[g_early_count];
-    if (!map_shadow(s, g_snapshot[i], /*with_bitmap=*/true)) {
+    describe(s, g_snapshot[i]);
+    if (!map_bitmap(s)) {
       ok = false;
       break;
     }
@@ -323,10 +400,12 @@ bool copy_early() noexcept {
     Pass pass{&s, g_snapshot[i].segment.backend, true, true, g_early_residency, bounce};
     copy_segment(g_snapshot[i], pass);
     add_copied(pass);
+    ok = !pass.failed;
   }
   munmap(bounce, kBounceBytes);
   if (!ok) {
     drop_early();
+    close_image();
     return false;
   }
   g_early_thread.store(gettid(), std::memory_order_release);
@@ -335,6 +414,7 @@ bool copy_early() noexcept {
 
 void end_early() noexcept {
   if (g_early_thread.load(std::memory_order_acquire) == gettid()) drop_early();
+  close_image();  // the parent's; a child has its own descriptor
 }
 
 void prepare_fork() noexcept {
@@ -343,40 +423,45 @@ void prepare_fork() noexcept {
   g_shadow_count = 0;
   g_missing_count = 0;
   const bool adopt = g_early_thread.load(std::memory_order_acquire) == gettid();
+  if (!adopt) close_image();  // not this fork's: another thread's early copy, long over
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];
     if (!e.used || inherited(e.segment.backend)) continue;
     Shadow& s = g_shadows[g_shadow_count];
-    if (!(adopt && adopt_early(e.serial, s)) && !map_shadow(s, e, /*with_bitmap=*/false)) {
+    describe(s, e);
+    if (adopt) adopt_early(e.serial, s);
+    bool ok = open_image();
+    if (ok) {
+      Pass pass{&s,     e.segment.backend, false, data_off_cpu(e.segment.backend), g_residency,
+                nullptr};
+      copy_segment(e, pass);
+      add_copied(pass);
+      ok = !pass.failed;
+    }
+    drop_bitmap(s);  // the child has no use for it
+    if (!ok) {
       g_missing[g_missing_count++] = Missing{e.segment.start, e.segment.size};
       continue;
     }
     ++g_shadow_count;
-    Pass pass{&s, e.segment.backend, false, data_off_cpu(e.segment.backend), g_residency, nullptr};
-    copy_segment(e, pass);
-    add_copied(pass);
-    if (s.early != nullptr) {  // the child has no use for the bitmap
-      munmap(s.early, s.early_map_bytes);
-      s.early = nullptr;
-    }
   }
-  if (adopt) drop_early();  // shadows of segments released since copy_early
+  if (adopt) drop_early();  // bitmaps of segments released since copy_early
   g_child_complete = g_missing_count == 0;
   g_child_state.store(kPending, std::memory_order_release);
 }
 
 void parent_after_fork() noexcept {
   g_child_state.store(kIdle, std::memory_order_release);
-  for (std::size_t i = 0; i < g_shadow_count; ++i) unmap_shadow(g_shadows[i]);
   g_shadow_count = 0;
+  close_image();  // the child holds its own descriptor to it
   g_state.table.lock().unlock();
 }
 
 namespace {
 
-// In the child: puts every shadow at its target, and fresh zero memory where
-// a segment has no copy, so that nothing glibc touches before
+// In the child: maps the image at every shadow's target, and fresh zero
+// memory where a segment has no copy, so that nothing glibc touches before
 // child_after_fork faults. Runs once, with every signal blocked (no handler
 // may touch the heap half-way); async-signal-safe.
 void restore_once() noexcept {
@@ -388,11 +473,14 @@ void restore_once() noexcept {
   if (g_child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
     for (std::size_t i = 0; i < g_shadow_count; ++i) {
       Shadow& s = g_shadows[i];
-      if (mremap(s.copy, s.size, s.size, MREMAP_MAYMOVE | MREMAP_FIXED, s.target) == MAP_FAILED) {
+      const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(s.target));
+      if (mmap(s.target, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
+               g_image, offset) == MAP_FAILED) {
         g_missing[g_missing_count++] = Missing{s.target, s.size};
         g_child_complete = false;
       }
     }
+    close_image();  // the mappings keep the image
     for (std::size_t i = 0; i < g_missing_count; ++i) {
       mmap(g_missing[i].start, g_missing[i].size, PROT_READ | PROT_WRITE,
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
@@ -424,6 +512,7 @@ bool restore_child_heap(const void* addr) noexcept {
 
 bool child_after_fork() noexcept {
   restore_once();
+  close_image();  // a child that took no copy (a nested fork's) has one open too
   const bool ok = g_child_complete;
   g_shadow_count = 0;
   g_missing_count = 0;
