@@ -1,9 +1,13 @@
-// What a fork() costs with a given live heap: allocates MiB megabytes in
-// blocks of 64 KiB (each written), forks COUNT children that each read one
-// byte of every block and exit, and prints the median fork-to-exit time. Run
-// it with and without the interposer to see what the heap copy costs.
+// What a fork() costs with a given live heap: allocates MiB megabytes of
+// live blocks, each written, of one SHAPE: "large", blocks of 64 KiB, or
+// "small", objects of 16 to 256 bytes with a tenth of them freed again (a
+// key-value server's heap); forks COUNT children that each read one byte of
+// every block and exit, and prints the median time of the fork() call in
+// the parent (what a server's latest_fork_usec reports) and of fork to the
+// child's exit. Run it with and without the interposer to see what the heap
+// copy costs.
 //
-//   fork_cost MIB [COUNT]
+//   fork_cost MIB [COUNT] [large|small]
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -27,32 +31,53 @@ double now_ms() {
 int main(int argc, char** argv) {
   const long mib = argc > 1 ? std::atol(argv[1]) : 256;
   const int count = argc > 2 ? std::atoi(argv[2]) : 5;
-  constexpr std::size_t kBlock = 64 * 1024;
+  const bool small = argc > 3 && std::strcmp(argv[3], "small") == 0;
+  const std::size_t target = static_cast<std::size_t>(mib) << 20;
   std::vector<unsigned char*> blocks;
-  for (long i = 0; i < mib * 16; ++i) {
-    auto* b = static_cast<unsigned char*>(std::malloc(kBlock));
+  std::vector<std::size_t> sizes;
+  std::size_t live = 0;
+  unsigned seed = 12345;
+  while (live < target) {
+    const std::size_t size = small ? 16 + static_cast<std::size_t>(rand_r(&seed)) % 241 : 64 * 1024;
+    auto* b = static_cast<unsigned char*>(std::malloc(size));
     if (b == nullptr) return 1;
-    std::memset(b, static_cast<int>(i), kBlock);
+    std::memset(b, static_cast<int>(blocks.size()), size);
     blocks.push_back(b);
+    sizes.push_back(size);
+    live += size;
+    if (small && rand_r(&seed) % 10 == 0) {  // holes, as a server's deletes leave them
+      const std::size_t victim = static_cast<std::size_t>(rand_r(&seed)) % blocks.size();
+      live -= sizes[victim];
+      std::free(blocks[victim]);
+      blocks[victim] = blocks.back();
+      sizes[victim] = sizes.back();
+      blocks.pop_back();
+      sizes.pop_back();
+    }
   }
-  std::vector<double> times;
+  std::vector<double> calls;
+  std::vector<double> totals;
   for (int c = 0; c < count; ++c) {
     const double start = now_ms();
     const pid_t pid = fork();
     if (pid == 0) {
       unsigned sum = 0;
-      for (unsigned char* b : blocks) sum += b[kBlock / 2];
+      for (std::size_t i = 0; i < blocks.size(); ++i) sum += blocks[i][sizes[i] / 2];
       _exit(sum == 0xffffffffu ? 1 : 0);
     }
+    calls.push_back(now_ms() - start);
     int status = 0;
     waitpid(pid, &status, 0);
-    times.push_back(now_ms() - start);
+    totals.push_back(now_ms() - start);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return 1;
   }
-  std::sort(times.begin(), times.end());
-  const double median = times[times.size() / 2];
-  std::printf("live heap %ld MiB: fork + child + exit %.1f ms (median of %d)\n", mib, median,
-              count);
+  std::sort(calls.begin(), calls.end());
+  std::sort(totals.begin(), totals.end());
+  std::printf(
+      "live heap %ld MiB of %s blocks (%zu): fork() %.1f ms, fork + child + exit %.1f ms "
+      "(median of %d)\n",
+      mib, small ? "16-256 byte" : "64 KiB", blocks.size(), calls[calls.size() / 2],
+      totals[totals.size() / 2], count);
   for (unsigned char* b : blocks) std::free(b);
   return 0;
 }

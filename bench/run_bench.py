@@ -150,6 +150,45 @@ def startup(allocs, base_env, build, fake, runs, quick):
     return rows, n
 
 
+def fork_costs(allocs, base_env, build, runs, quick):
+    """What fork() costs the parent with a live heap of each shape
+    (bench/fork_cost.cpp): 64 KiB blocks, or objects of 16 to 256 bytes with
+    holes (a key-value server's heap), under glibc, mimalloc and mnemosyne,
+    whose CUDA backends copy the heap for the child. The median of the
+    fork() calls, in ms and in seconds per GiB of live heap."""
+    binary = os.path.join(build, "bench", "fork_cost")
+    mib = 64 if quick else 512
+    forks = 2 if quick else 5
+    lib = os.path.join(build, "interpose", "libmnemosyne.so")
+    configs = [(name, extra) for name, extra in allocs if name in ("glibc", "mimalloc",
+                                                                      "mnemosyne-host",
+                                                                      "mnemosyne-unified")]
+    pinned = dict(next(extra for name, extra in allocs if name == "mnemosyne-unified"))
+    configs.append(("mnemosyne-pinned", {**pinned, "LD_PRELOAD": lib,
+                                         "MNEMOSYNE_BACKEND": "pinned"}))
+    rows = []
+    for shape in ("large", "small"):
+        per = {name: [] for name, _ in configs}
+        for _ in range(runs):
+            for name, extra in configs:
+                p = subprocess.run([binary, str(mib), str(forks), shape], env={**base_env, **extra},
+                                   capture_output=True, text=True)
+                m = re.search(r"fork\(\) ([0-9.]+) ms", p.stdout)
+                if p.returncode != 0 or not m:
+                    print(f"bench: fork_cost {shape} under {name} failed: {p.stderr[-300:]}")
+                    continue
+                per[name].append(float(m.group(1)))
+        for name, _ in configs:
+            if per[name]:
+                ms = statistics.median(per[name])
+                rows.append({"shape": shape, "allocator": name, "live_mib": mib, "fork_ms": ms,
+                             "s_per_gib": ms / 1000 / (mib / 1024)})
+        line = "  ".join(f"{r['allocator']} {r['fork_ms']:.1f} ms" for r in rows
+                         if r["shape"] == shape)
+        print(f"fork ({shape}, {mib} MiB): {line}", flush=True)
+    return rows
+
+
 def instructions(argv, env):
     """Instructions of the whole process, counted by callgrind."""
     p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv,
@@ -242,9 +281,12 @@ def main():
     starts = None
     if not a.only or "startup" in a.only.split(","):
         starts = startup(allocs, base_env, build, fake, runs, a.quick)
+    forks = None
+    if not a.only or "fork" in a.only.split(","):
+        forks = fork_costs(allocs, base_env, build, runs, a.quick)
     elapsed = time.monotonic() - started
     shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, rows, runs, a.quick, elapsed, starts)
+    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks)
     if failures:
         print(f"bench: {failures} run(s) failed (above); their rows are missing")
     return 1 if failures else 0
@@ -258,7 +300,7 @@ def ratio(rows, name, alloc, key):
     return float(mine[0][key]) / float(base[0][key])
 
 
-def write_results(out, rows, runs, quick, elapsed, starts):
+def write_results(out, rows, runs, quick, elapsed, starts, forks):
     os.makedirs(out, exist_ok=True)
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
               "driver_allocations", "instructions"]
@@ -319,6 +361,22 @@ def write_results(out, rows, runs, quick, elapsed, starts):
             w.writeheader()
             for r in start_rows:
                 w.writerow({**r, "ms": f"{r['ms']:.3f}", "extra_ms": f"{r['extra_ms']:.3f}"})
+    if forks:
+        md += ["## fork() with a live heap", "",
+               f"bench/fork_cost: median time of the fork() call in the parent, {forks[0]['live_mib']} "
+               "MiB of live heap: 64 KiB blocks (large) or 16-256 byte objects with holes (small).", "",
+               "| heap | allocator | fork() | per GiB of live heap |", "|---|---|---|---|"]
+        for r in forks:
+            md.append(f"| {r['shape']} | {r['allocator']} | {r['fork_ms']:.1f} ms | "
+                      f"{r['s_per_gib']:.3f} s |")
+        md.append("")
+        with open(os.path.join(out, "fork.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["shape", "allocator", "live_mib", "fork_ms",
+                                              "s_per_gib"])
+            w.writeheader()
+            for r in forks:
+                w.writerow({**r, "fork_ms": f"{r['fork_ms']:.2f}",
+                            "s_per_gib": f"{r['s_per_gib']:.4f}"})
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     plot(out, rows, names, others, today)

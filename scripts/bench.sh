@@ -9,7 +9,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh >/dev/null
 [ -f build/build.ninja ] || meson setup build >/dev/null
-ninja -C build bench/workloads bench/libnaive-interposer.so interpose/libmnemosyne.so \
+ninja -C build bench/workloads bench/fork_cost bench/libnaive-interposer.so interpose/libmnemosyne.so \
   tests/fakecuda/libfakecuda.so >/dev/null
 out=bench/results
 for arg in "$@"; do [ "$arg" = "--quick" ] && out=build/bench-quick; done
