@@ -218,6 +218,7 @@ enum class Role : unsigned char {
 constexpr int kMaxRoles = 8;
 constinit Role g_roles[kMaxRoles] = {};
 constinit int g_copier_depth = 0;  // the depth of the fork whose copy is made; 0: none
+constinit AllocationWindow g_window_for_others;  // the copier's (hold.hpp)
 
 Role& role_at(int depth) noexcept {
   return g_roles[(depth < kMaxRoles ? depth : kMaxRoles) - 1];
@@ -232,10 +233,9 @@ void on_prepare_fork() noexcept {
     role = Role::reuse;
   } else {
     role = Role::copier;
-    {
-      HeldAllocations held;  // the copy is consistent with what other threads allocate
-      arena::prepare_fork();
-    }
+    g_window_for_others.hold();
+    arena::prepare_fork();
+    g_window_for_others.divert();
     g_copier_depth = depth;
     g_fork_stack.enter();
     open_window();
@@ -248,6 +248,7 @@ void on_parent_after_fork() noexcept {
     close_window();
     g_fork_stack.leave();
     arena::parent_after_fork();
+    g_window_for_others.end();
     g_copier_depth = 0;
   }
   g_fork_lock.release();
@@ -262,6 +263,7 @@ void on_child_after_fork() noexcept {
     if (role == Role::copier) {
       close_window();
       g_fork_stack.leave();
+      g_window_for_others.end();
       g_copier_depth = 0;
     }
     if (!ok) {

@@ -18,18 +18,29 @@ long futex(std::atomic<int>* word, int op, int value, const timespec* timeout) n
   return syscall(SYS_futex, reinterpret_cast<int*>(word), op, value, timeout, nullptr, 0);
 }
 
+void wake_waiters() noexcept {
+  g_hold_generation.fetch_add(1, std::memory_order_seq_cst);
+  futex(&g_hold_generation, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr);
+}
+
 }  // namespace
 
-HeldAllocations::HeldAllocations() noexcept : before_(g_mode.load(std::memory_order_relaxed)) {
+void AllocationWindow::hold() noexcept {
+  before_ = g_mode.load(std::memory_order_relaxed);
   g_mode.store(Mode::held, std::memory_order_seq_cst);
   g_free_checks.fetch_or(kFreeHeld, std::memory_order_seq_cst);
 }
 
-HeldAllocations::~HeldAllocations() {
+void AllocationWindow::divert() noexcept {
+  g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
+  g_mode.store(Mode::diverted, std::memory_order_seq_cst);
+  wake_waiters();
+}
+
+void AllocationWindow::end() noexcept {
   g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
   g_mode.store(before_, std::memory_order_seq_cst);
-  g_hold_generation.fetch_add(1, std::memory_order_seq_cst);
-  futex(&g_hold_generation, FUTEX_WAKE_PRIVATE, 0x7fffffff, nullptr);
+  wake_waiters();
 }
 
 void wait_while_held() noexcept {

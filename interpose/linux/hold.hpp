@@ -1,36 +1,38 @@
-// Holding other threads' allocations while a fork copies the heap.
+// Other threads' allocation calls while a fork is under way.
 //
-// The copy is not a fork's instant snapshot: other threads run meanwhile. A
-// block they allocated, filled and published during it could reach the
-// child as a published pointer to memory copied before it was filled. So
-// while the copy runs, their malloc/free calls wait: Mode::held diverts the
-// fast paths into the slow ones, which call wait_while_held(). Whatever they
-// allocate then is allocated after the copy.
-//
-// The hold ends with the copy, before glibc's fork() takes its own locks
-// (the NSS database's, the stdio list's), which a waiting thread may hold.
-// What other threads do between the copy and the fork's system call, and
-// what was already under way in mimalloc when the hold began, the child's
-// side makes consistent (src/arena/fork_copy.cpp).
+// The heap copy is not the fork's instant snapshot: other threads run
+// meanwhile. Two phases keep what a child can reach consistent:
+//  - held, while the copy runs: their malloc/free calls wait (Mode::held
+//    diverts the fast paths into the slow ones, which call
+//    wait_while_held()). A block allocated, filled and published during the
+//    copy could otherwise reach the child as a pointer to memory copied
+//    before it was filled. Waiting is safe here: the copy needs no lock a
+//    waiting thread may hold.
+//  - diverted, from the end of the copy until the fork is over: glibc's
+//    fork() now takes its own locks (the NSS database's, the stdio list's),
+//    which a waiting thread may hold, so nothing waits any more. Their
+//    allocations come from the system allocator instead (Mode::diverted),
+//    whose memory the child inherits as of the fork itself: a FILE another
+//    thread opens then, which glibc's fork walks in the child, or a block
+//    it publishes, reaches the child intact. Frees go on: what mimalloc
+//    changes for them, the child's side makes consistent (fork_copy.cpp).
 #pragma once
 
 #include "mode.hpp"
 
 namespace mnemosyne {
 
-// RAII, on the thread that copies, which holds the fork lock (its
-// asynchronous signals are blocked: a handler that allocated would wait for
-// itself) and must not allocate. Nothing it does may wait for another
-// thread, so the hold cannot deadlock.
-class HeldAllocations {
+// Used by the thread that forks, which holds the fork lock (its asynchronous
+// signals are blocked: a handler that allocated would wait for itself) and
+// does not allocate between hold() and end().
+class AllocationWindow {
  public:
-  HeldAllocations() noexcept;
-  ~HeldAllocations();
-  HeldAllocations(const HeldAllocations&) = delete;
-  HeldAllocations& operator=(const HeldAllocations&) = delete;
+  void hold() noexcept;
+  void divert() noexcept;  // wakes the waiting threads
+  void end() noexcept;     // the mode from before hold()
 
  private:
-  Mode before_;
+  Mode before_ = Mode::host;
 };
 
 }  // namespace mnemosyne

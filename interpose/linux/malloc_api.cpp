@@ -89,6 +89,15 @@ void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept
   return counted(p, size);
 }
 
+// While a fork is between its copy and its end (Mode::diverted, hold.hpp):
+// the system allocator serves, counted when statistics are on.
+void* system_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  void* p = alignment != 0 ? __libc_memalign(alignment, size)
+                           : (zero ? __libc_calloc(1, size) : __libc_malloc(size));
+  if (p == nullptr) return nomem();
+  return g_policy.counting ? counted(p, size) : p;
+}
+
 // The mode for a request outside the fast path: waits out a fork's copy.
 Mode settled_mode() noexcept {
   Mode mode = current_mode();
@@ -108,6 +117,7 @@ void* aligned(std::size_t alignment, std::size_t size) noexcept {
   mode = settled_mode();
   if (mode == Mode::arena) return aligned(alignment, size);
   if (mode == Mode::managed) return managed_alloc(size, alignment, false);
+  if (mode == Mode::diverted) return system_alloc(size, alignment, false);
   return host_block(__libc_memalign(alignment, size));
 }
 
@@ -138,11 +148,11 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
   const bool counting = g_policy.counting;
   const std::size_t old_usable = counting ? usable_of(ptr, tag) : 0;
   void* p;
-  if (to_arena(size)) {
+  if (mode != Mode::diverted && to_arena(size)) {
     p = tag != 0 ? arena::realloc(ptr, tag, size) : realloc_foreign(ptr, size);
   } else if (tag == 0) {
     p = __libc_realloc(ptr, size);
-  } else {  // crosses out of the size range: move the block to the system allocator
+  } else {  // out of the size range, or a fork under way: to the system allocator
     const std::size_t old_size = arena::usable_size(ptr, tag);
     p = __libc_malloc(size);
     if (p != nullptr) {
@@ -175,6 +185,7 @@ void* malloc_slow(std::size_t size) noexcept {
     return p != nullptr ? p : nomem();
   }
   if (mode == Mode::managed) return managed_alloc(size, 0, false);
+  if (mode == Mode::diverted) return system_alloc(size, 0, false);
   return host_block(__libc_malloc(size));
 }
 
@@ -229,6 +240,7 @@ MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(calloc)(std::size_t count, std::siz
   mode = settled_mode();
   if (mode == Mode::arena) return MNEMOSYNE_API(calloc)(count, size);
   if (mode == Mode::managed) return managed_alloc(total, 0, true);
+  if (mode == Mode::diverted) return system_alloc(total, 0, true);
   return host_block(__libc_calloc(count, size));
 }
 

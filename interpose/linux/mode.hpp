@@ -8,10 +8,12 @@
 namespace mnemosyne {
 
 enum class Mode : std::uint8_t {
-  host = 0,     // before start-up, MNEMOSYNE_DISABLE, or a forked child that lost its heap
-  arena = 1,    // every request to the arena: the fast path
-  managed = 2,  // the arena, with MNEMOSYNE_SIZE routing and/or statistics counting
-  held = 3,     // a fork is copying the heap: requests wait in the slow paths (fork.cpp)
+  host = 0,      // before start-up, MNEMOSYNE_DISABLE, or a forked child that lost its heap
+  arena = 1,     // every request to the arena: the fast path
+  managed = 2,   // the arena, with MNEMOSYNE_SIZE routing and/or statistics counting
+  held = 3,      // a fork is copying the heap: requests wait in the slow paths (hold.hpp)
+  diverted = 4,  // a fork's copy is made, the fork not over: allocations come from the
+                 // system allocator, frees go on (hold.hpp)
 };
 
 // What the fast path of free() must leave to free_slow, in one load.
