@@ -16,9 +16,13 @@
 namespace mnemosyne {
 namespace {
 
+// The program's name as it started: some programs write over their argv to
+// show their state in ps (PostgreSQL's backends do), and glibc's
+// program_invocation_short_name points into it.
+constinit char g_program[64] = {};
+
 stats::ReportContext context() noexcept {
-  return report_context(start_options(), static_cast<long>(getpid()), program_invocation_short_name,
-                        g_policy.counting);
+  return report_context(start_options(), static_cast<long>(getpid()), g_program, g_policy.counting);
 }
 
 void write_all(int fd, const char* text, std::size_t len) noexcept {
@@ -53,6 +57,7 @@ void report_at_exit() {
 }  // namespace
 
 void install_exit_report() noexcept {
+  std::snprintf(g_program, sizeof g_program, "%s", program_invocation_short_name);
   atexit(&report_at_exit);
 }
 

@@ -344,6 +344,7 @@ void stats(Stats* out) noexcept {
   out->grow_waits_timed_out = g_state.grow_waits_timed_out.load(std::memory_order_relaxed);
   out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
   out->fork_bytes_via_driver = g_state.fork_bytes_via_driver.load(std::memory_order_relaxed);
+  out->forked_child = g_state.forked_child;
 }
 
 }  // namespace mnemosyne::arena

@@ -143,6 +143,7 @@ struct Stats {
   std::uint64_t grow_waits_timed_out = 0;
   std::uint64_t fork_bytes_copied = 0;      // written into children's copies
   std::uint64_t fork_bytes_via_driver = 0;  // read through the driver for them
+  bool forked_child = false;                // this process is a child of fork() without exec
 };
 void stats(Stats* out) noexcept;
 

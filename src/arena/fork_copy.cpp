@@ -92,10 +92,9 @@ constinit SegmentTable::Entry g_snapshot[kMaxShadows] = {};
 enum ChildState : int { kIdle, kPending, kRestored };
 constinit std::atomic<int> g_child_state{kIdle};
 constinit bool g_child_complete = true;  // in the child: every segment was restored
-constinit bool g_in_forked_child = false;
 
 bool inherited(BackendId id) noexcept {
-  return g_in_forked_child ||
+  return g_state.forked_child ||
          with_backend(id, []<MemoryBackend B>() { return B::inherited_by_fork; });
 }
 
@@ -369,7 +368,7 @@ bool copy_early() noexcept {
   drop_early();
   // driver_state(), not driver_api(): a process whose driver was never loaded
   // (the host backend) must not load it to fork.
-  if (g_in_forked_child || driver_state() != DriverState::ready) return true;
+  if (g_state.forked_child || driver_state() != DriverState::ready) return true;
   std::size_t n = 0;
   {
     SpinGuard guard(g_state.table.lock());
@@ -523,7 +522,7 @@ bool child_after_fork() noexcept {
   // The driver must never be called here, and segments are the child's own
   // memory from now on: new ones come from the host backend, and a fork of
   // this child copies nothing.
-  g_in_forked_child = true;
+  g_state.forked_child = true;
   driver_mark_forked_child();
   provider_enter_forked_child();
   g_state.backend.store(BackendId::host);

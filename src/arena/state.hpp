@@ -35,6 +35,7 @@ struct State {
   std::atomic<std::uint64_t> grow_waits_timed_out{0};
   std::atomic<std::uint64_t> fork_bytes_copied{0};
   std::atomic<std::uint64_t> fork_bytes_via_driver{0};
+  bool forked_child = false;  // a child of fork() without exec: never calls the driver
 };
 
 extern constinit State g_state;

@@ -107,6 +107,7 @@ std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* bu
   w.json_string(ctx.program);
   w.put(",\n  \"requested_backend\": \"%s\",\n  \"active_backend\": \"%s\",\n",
         backend_name(ctx.requested), backend_name(arena::active_backend()));
+  w.put("  \"forked_child\": %s,\n", snap.arena.forked_child ? "true" : "false");
   w.put("  \"device\": %d,\n  \"counting\": %s,\n", ctx.device, ctx.counting ? "true" : "false");
   w.put("  \"size_range\": {\"min\": %zu, \"max\": %zu},\n", ctx.size_min, ctx.size_max);
   w.put("  \"limit\": %zu,\n  \"fallback\": \"%s\",\n  \"backend_unavailable\": ", ctx.limit,
