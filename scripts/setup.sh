@@ -21,13 +21,14 @@ as_root() {
 # runs the Windows tests (about 1.1 GB, 30 s). Benchmarks (scripts/bench.sh):
 # Debian's mimalloc, jemalloc and tcmalloc libraries, preloaded side by side.
 # Signals (tests/e2e, case signals): catatonit reads them from a signalfd,
-# dumb-init with sigwait.
+# dumb-init with sigwait. A forking database server and a JVM launching
+# children (cases postgres, jvm-launch): PostgreSQL 15 and OpenJDK 17.
 packages=(
   build-essential g++ gcc meson ninja-build pkg-config
   libgtest-dev googletest nlohmann-json3-dev
   python3 python3-matplotlib git xz-utils coreutils
   clang-format clang libclang-rt-14-dev valgrind
-  gdb openmpi-bin libopenmpi-dev catatonit dumb-init
+  gdb openmpi-bin libopenmpi-dev catatonit dumb-init postgresql-15 openjdk-17-jdk-headless
   g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix mingw-w64-x86-64-dev wine wine64
   libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time
 )

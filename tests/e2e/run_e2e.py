@@ -6,6 +6,7 @@ driver), requires byte-identical results, and reads the double's log to check
 where the heap landed. Usage: run_e2e.py CASE [BACKEND]. Paths come from the
 environment that meson's test() sets (see meson.build).
 """
+import glob
 import json
 import os
 import re
@@ -41,6 +42,7 @@ REAL_DRIVER_CASES = {
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "signals",
+    "jvm-launch", "single-threaded-tools",
 }
 LAST_STATS_DIR = [None]  # the statistics folder of the latest run under the interposer
 
@@ -163,14 +165,20 @@ def check_heap(events, backend, device=0, injected=()):
                f"device backend: advice must name device {device}: {advice[:3]}")
 
 
-def stats_docs():
-    """The statistics file of every process of the latest run under the
-    interposer (real-driver mode), parsed."""
-    folder = LAST_STATS_DIR[0]
+def stats_in(folder):
+    """Every statistics file in `folder`, parsed."""
     docs = []
     for name in sorted(os.listdir(folder)) if folder else []:
         with open(os.path.join(folder, name)) as f:
             docs.append(json.load(f))
+    return docs
+
+
+def stats_docs():
+    """The statistics file of every process of the latest run under the
+    interposer (real-driver mode), parsed."""
+    folder = LAST_STATS_DIR[0]
+    docs = stats_in(folder)
     expect(docs, f"no process wrote its statistics into {folder}")
     return docs
 
@@ -179,7 +187,8 @@ def check_stats(backend):
     """A real driver: every process that wrote statistics ran its heap on
     the backend, without a fallback to host memory."""
     for doc in stats_docs():
-        expect(doc["active_backend"] == backend,
+        # A forked child grows with host memory: its heap is its parent's copy.
+        expect(doc["active_backend"] == backend or doc.get("forked_child"),
                f"{doc['program']} (pid {doc['pid']}) ran on {doc['active_backend']}, not {backend}")
         pool = doc["pools"].get(backend, {})
         expect(pool.get("allocations", 0) > 0 or doc["pools"]["system"]["allocations"] == 0,
@@ -759,6 +768,100 @@ def case_warn_once(tmp, backend):
     one_warning(r, rf"the {backend} backend is unavailable")
 
 
+JAVA_LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ProcessLaunch.java")
+
+
+def case_jvm_launch(tmp, backend):
+    """A JVM starting 200 children from a pool of 4 threads, with each of its
+    launch mechanisms: FORK (the JVM forks itself while its threads run),
+    VFORK and POSIX_SPAWN. Output identical to a plain run."""
+    java = shutil.which("java")
+    if java is None:
+        raise Failure("java is not installed (scripts/setup.sh installs it)")
+    for mechanism in ("FORK", "VFORK", "POSIX_SPAWN"):
+        cmd = [java, f"-Djdk.lang.Process.launchMechanism={mechanism}", JAVA_LAUNCH, "200"]
+        events, _, mine = twice(tmp, backend, cmd, f"java ({mechanism})")
+        expect(mine.stdout.endswith(b"0:done\n"), f"java ({mechanism}): {mine.stdout[-200:]!r}")
+        check_heap(events, backend, 0)
+
+
+def postgres_bin():
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/postgres"))
+    if not found:
+        raise Failure("PostgreSQL is not installed (scripts/setup.sh installs it)")
+    return os.path.dirname(found[-1])
+
+
+def case_postgres(tmp, backend):
+    """PostgreSQL under mnemosyne, as its users run it: initdb, the server
+    started (its postmaster forks a backend per connection and takes its
+    signals in one place), pgbench with a connection per transaction and a
+    read-write run, the accounts consistent with the history, a clean fast
+    shutdown, every server process's heap on the backend."""
+    if os.geteuid() != 0:
+        raise Failure("the PostgreSQL case runs the server as user postgres: run it as root")
+    bindir = postgres_bin()
+    os.chmod(tmp, 0o777)
+    data = os.path.join(tmp, "data")
+    stats = os.path.join(tmp, "stats")
+    os.mkdir(stats)
+    os.chmod(stats, 0o777)
+    log = os.path.join(tmp, "fake.log")
+    with open(log, "w"):
+        pass
+    os.chmod(log, 0o666)
+
+    def as_postgres(cmd, env=None, timeout=TIMEOUT):
+        return subprocess.run(["runuser", "-u", "postgres", "--", "env"] +
+                              [f"{k}={v}" for k, v in (env or {}).items()] + cmd,
+                              capture_output=True, timeout=timeout)
+
+    r = as_postgres([f"{bindir}/initdb", "-D", data, "-A", "trust"])
+    expect(r.returncode == 0, f"initdb: {r.stderr[-500:]!r}")
+    env = {k: v for k, v in Run(tmp, backend, True).env.items()
+           if k.startswith(("MNEMOSYNE_", "FAKECUDA_", "LD_PRELOAD"))}
+    env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats, "%p.json")
+    server_log = os.path.join(tmp, "server.log")
+    start = as_postgres([f"{bindir}/pg_ctl", "-D", data, "-w", "-l", server_log, "-o",
+                         f"-k {tmp} -c listen_addresses=''", "start"], env)
+    try:
+        expect(start.returncode == 0, f"pg_ctl start: {start.stderr[-500:]!r}")
+        bench = [f"{bindir}/pgbench", "-h", tmp]
+        r = as_postgres(bench + ["-i", "-s", "2", "postgres"])
+        expect(r.returncode == 0, f"pgbench -i: {r.stderr[-500:]!r}")
+        for args in (["-C", "-S", "-c", "4", "-j", "2", "-T", "5"], ["-c", "4", "-j", "2", "-T", "3"]):
+            r = as_postgres(bench + args + ["postgres"])
+            out = r.stdout.decode(errors="replace") + r.stderr.decode(errors="replace")
+            expect(r.returncode == 0 and "number of failed transactions: 0 " in out and
+                   "aborted" not in out, f"pgbench {' '.join(args)}: {out[-800:]}")
+        r = as_postgres([f"{bindir}/psql", "-h", tmp, "-Atc",
+                         "select (select sum(abalance) from pgbench_accounts) = "
+                         "(select coalesce(sum(delta), 0) from pgbench_history), "
+                         "(select count(*) from pgbench_accounts)", "postgres"])
+        expect(r.stdout.strip() == b"t|200000", f"consistency: {r.stdout!r} {r.stderr!r}")
+    finally:
+        stop = as_postgres([f"{bindir}/pg_ctl", "-D", data, "-m", "fast", "-w", "stop"])
+    expect(stop.returncode == 0, f"pg_ctl stop: {stop.stderr[-500:]!r}")
+    with open(server_log, errors="replace") as f:
+        text = f.read()
+    bad = [line for line in text.splitlines()
+           if re.search(r"PANIC|terminated by signal|reinitializing|was terminated", line)]
+    expect(not bad, f"server log: {bad[:5]}")
+    docs = stats_in(stats)
+    expect(len(docs) > 20, f"only {len(docs)} server processes wrote statistics")
+    for d in docs:
+        validate_stats(d)
+        # Backends are forked children: their heap is the postmaster's copy,
+        # and they grow with host memory.
+        expect(d["requested_backend"] == backend and not d["backend_unavailable"] and
+               d["fallbacks"]["count"] == 0 and
+               (d["forked_child"] or d["active_backend"] == backend),
+               f"{d['program']} (pid {d['pid']}) ran on {d['active_backend']}: {d}")
+    expect(any(d["program"] == "postgres" and not d["forked_child"] for d in docs),
+           "the postmaster wrote no statistics")
+    check_heap(parse_log(log), backend, 0)
+
+
 def case_own_context(tmp, backend):
     """MNEMOSYNE_CONTEXT=own: a program that resets the primary context at the
     end of main exits as it does without mnemosyne, its heap untouched."""
@@ -1052,7 +1155,8 @@ def validate_stats(doc):
                       ("active_backend", str), ("device", int), ("counting", bool),
                       ("size_range", dict), ("limit", int), ("fallback", str), ("pools", dict),
                       ("fallbacks", dict), ("fork_bytes_copied", int),
-                      ("backend_unavailable", str), ("earlier_frees", dict)):
+                      ("backend_unavailable", str), ("earlier_frees", dict),
+                      ("forked_child", bool)):
         expect(isinstance(doc.get(key), kind), f"stats key {key} missing or not {kind.__name__}")
     expect("system" in doc["pools"], "stats: no system pool")
     for name, pool in doc["pools"].items():
