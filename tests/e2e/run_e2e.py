@@ -772,14 +772,17 @@ JAVA_LAUNCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "ProcessL
 
 
 def case_jvm_launch(tmp, backend):
-    """A JVM starting 200 children from a pool of 4 threads, with each of its
+    """A JVM starting 100 children from a pool of 4 threads, with each of its
     launch mechanisms: FORK (the JVM forks itself while its threads run),
     VFORK and POSIX_SPAWN. Output identical to a plain run."""
-    java = shutil.which("java")
-    if java is None:
-        raise Failure("java is not installed (scripts/setup.sh installs it)")
+    java, javac = shutil.which("java"), shutil.which("javac")
+    if java is None or javac is None:
+        raise Failure("java/javac are not installed (scripts/setup.sh installs them)")
+    classes = os.path.join(tmp, "classes")
+    subprocess.run([javac, "-d", classes, JAVA_LAUNCH], check=True, capture_output=True)
     for mechanism in ("FORK", "VFORK", "POSIX_SPAWN"):
-        cmd = [java, f"-Djdk.lang.Process.launchMechanism={mechanism}", JAVA_LAUNCH, "200"]
+        cmd = [java, f"-Djdk.lang.Process.launchMechanism={mechanism}", "-cp", classes,
+               "ProcessLaunch", "100"]
         events, _, mine = twice(tmp, backend, cmd, f"java ({mechanism})")
         expect(mine.stdout.endswith(b"0:done\n"), f"java ({mechanism}): {mine.stdout[-200:]!r}")
         check_heap(events, backend, 0)
