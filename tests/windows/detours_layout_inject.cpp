@@ -37,6 +37,11 @@
 #include <string>
 #include <vector>
 
+#include "command_line.hpp"
+
+using mnemosyne::win::append_quoted;
+using mnemosyne::win::narrow;
+
 namespace {
 
 // Detours' binary structures (detours.h, 64-bit), as it writes them.
@@ -327,35 +332,6 @@ const char* before(HANDLE process, std::uintptr_t at) {
     return "not mapped";
   }
   return "mapped";
-}
-
-std::string narrow(const wchar_t* w) {
-  const int n = WideCharToMultiByte(CP_ACP, 0, w, -1, nullptr, 0, nullptr, nullptr);
-  std::string s(n > 0 ? n - 1 : 0, '\0');
-  if (n > 1) WideCharToMultiByte(CP_ACP, 0, w, -1, s.data(), n, nullptr, nullptr);
-  return s;
-}
-
-// One argument quoted as CommandLineToArgvW reads it back.
-void append_quoted(std::wstring& cmd, const std::wstring& arg) {
-  if (!cmd.empty()) cmd += L' ';
-  if (!arg.empty() && arg.find_first_of(L" \t\n\v\"") == std::wstring::npos) {
-    cmd += arg;
-    return;
-  }
-  cmd += L'"';
-  std::size_t backslashes = 0;
-  for (wchar_t c : arg) {
-    if (c == L'\\') {
-      ++backslashes;
-      continue;
-    }
-    cmd.append(c == L'"' ? 2 * backslashes + 1 : backslashes, L'\\');
-    backslashes = 0;
-    cmd += c;
-  }
-  cmd.append(2 * backslashes, L'\\');
-  cmd += L'"';
 }
 
 int fail(int code, const std::string& line) {
