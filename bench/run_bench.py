@@ -83,8 +83,10 @@ def allocators(build, fake, work):
     naive = os.path.join(build, "bench", "libnaive-interposer.so")
     log = os.path.join(work, "fake.log")
     driver = {"MNEMOSYNE_CUDA_DRIVER": fake, "FAKECUDA_LOG": log,
-              # the naive interposer cannot serve the double's own thread
-              "FAKECUDA_THREAD_ITERS": "0"}
+              # The naive interposer cannot serve the double's own threads:
+              # with one, a process is multi-threaded, and GNU time's fork
+              # then touches the heap the child lacks.
+              "FAKECUDA_THREAD_ITERS": "0", "FAKECUDA_EVENT_THREAD": "0"}
     out = [("glibc", {})]
     out += [(name, {"LD_PRELOAD": path}) for name, path in PEERS.items()]
     out += [("mnemosyne-host", {"LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "host"}),
@@ -300,8 +302,39 @@ def ratio(rows, name, alloc, key):
     return float(mine[0][key]) / float(base[0][key])
 
 
+def fork_section(forks):
+    """The fork table, in Markdown lines; also written alone to fork.md."""
+    md = ["## fork() with a live heap", "",
+          f"bench/fork_cost: median time of the fork() call in the parent, {forks[0]['live_mib']} "
+          "MiB of live heap: 64 KiB blocks (large) or 16-256 byte objects with holes (small).", "",
+          "| heap | allocator | fork() | per GiB of live heap |", "|---|---|---|---|"]
+    for r in forks:
+        md.append(f"| {r['shape']} | {r['allocator']} | {r['fork_ms']:.1f} ms | "
+                  f"{r['s_per_gib']:.3f} s |")
+    return md + [""]
+
+
+def write_forks(out, forks, runs):
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "fork.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["shape", "allocator", "live_mib", "fork_ms", "s_per_gib"])
+        w.writeheader()
+        for r in forks:
+            w.writerow({**r, "fork_ms": f"{r['fork_ms']:.2f}", "s_per_gib": f"{r['s_per_gib']:.4f}"})
+    today = datetime.date.today().isoformat()
+    head = [f"# fork() cost, {today}", "",
+            f"Machine: {machine_line()}. Median of {runs} interleaved runs of 5 forks each.", ""]
+    with open(os.path.join(out, "fork.md"), "w") as f:
+        f.write("\n".join(head + fork_section(forks)))
+
+
 def write_results(out, rows, runs, quick, elapsed, starts, forks):
     os.makedirs(out, exist_ok=True)
+    if forks:
+        write_forks(out, forks, runs)
+    if not rows:  # only the fork section was asked for (--only fork)
+        print("\n".join(fork_section(forks)) if forks else "bench: nothing ran")
+        return
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
               "driver_allocations", "instructions"]
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
@@ -362,21 +395,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
             for r in start_rows:
                 w.writerow({**r, "ms": f"{r['ms']:.3f}", "extra_ms": f"{r['extra_ms']:.3f}"})
     if forks:
-        md += ["## fork() with a live heap", "",
-               f"bench/fork_cost: median time of the fork() call in the parent, {forks[0]['live_mib']} "
-               "MiB of live heap: 64 KiB blocks (large) or 16-256 byte objects with holes (small).", "",
-               "| heap | allocator | fork() | per GiB of live heap |", "|---|---|---|---|"]
-        for r in forks:
-            md.append(f"| {r['shape']} | {r['allocator']} | {r['fork_ms']:.1f} ms | "
-                      f"{r['s_per_gib']:.3f} s |")
-        md.append("")
-        with open(os.path.join(out, "fork.csv"), "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=["shape", "allocator", "live_mib", "fork_ms",
-                                              "s_per_gib"])
-            w.writeheader()
-            for r in forks:
-                w.writerow({**r, "fork_ms": f"{r['fork_ms']:.2f}",
-                            "s_per_gib": f"{r['s_per_gib']:.4f}"})
+        md += fork_section(forks)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     plot(out, rows, names, others, today)

@@ -78,6 +78,7 @@ void read_config() noexcept {
   unsigned long long u = 0;
   if (env_ull("FAKECUDA_THREAD_ALLOC_MAX", &u)) c.thread_alloc_max = std::size_t(u);
   if (env_long("FAKECUDA_THREAD_ITERS", &v)) c.thread_iters = v < 0 ? 0 : int(v);
+  if (env_long("FAKECUDA_EVENT_THREAD", &v)) c.event_thread = v != 0;
   g_config = c;
 
   if (env_long("FAKECUDA_FAIL_ALLOC_AFTER", &v)) {
@@ -303,7 +304,7 @@ FAKECUDA_API CUresult cuInit(unsigned int flags) {
         if (rc == CUDA_SUCCESS) {
           g_initialized.store(true, std::memory_order_release);
           if (g_config.thread_iters > 0) os::start_thread(internal_thread);
-          os::start_thread(event_thread);
+          if (g_config.event_thread) os::start_thread(event_thread);
         }
       }
     }

@@ -69,6 +69,7 @@ struct Config {
   int concurrent_managed = 1;
   std::size_t thread_alloc_max = 32 * kMiB;
   int thread_iters = 30;
+  bool event_thread = true;  // FAKECUDA_EVENT_THREAD
 };
 extern Config g_config;
 
