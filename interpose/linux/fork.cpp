@@ -276,6 +276,24 @@ void on_child_after_fork() noexcept {
   g_fork_lock.release_in_child();
 }
 
+// The child of a _Fork made while another thread's fork held the lock: the
+// fork lock and the window are that fork's, and nobody here holds them. If
+// that fork's copy was made, this child takes it (as a nested fork's child
+// does); if not, a child of a CUDA backend lacks its parent's blocks.
+void on_child_of_overlapping_fork() noexcept {
+  g_lock.store(false, std::memory_order_relaxed);
+  g_fork_lock.reset_in_child();
+  const bool ok = arena::child_after_fork();
+  close_window();  // if the other fork had opened it
+  const Mode mode = current_mode();
+  if (mode == Mode::held || mode == Mode::diverted) g_window_for_others.end();
+  g_copier_depth = 0;
+  // Without its parent's blocks: the system allocator serves, and frees of
+  // those blocks are ignored. Said nowhere: such a child of a handler
+  // usually just execs or exits, and may not even have a stderr of its own.
+  if (!ok) g_mode.store(Mode::host, std::memory_order_release);
+}
+
 }  // namespace
 
 void install_fork_handling() noexcept {
@@ -305,7 +323,20 @@ pid_t wrapped_fork(ForkFn real) noexcept {
   }
   if (!arena_mode()) return real();
   const int saved_errno = errno;
-  const int depth = g_fork_lock.acquire();
+  // glibc's _Fork is async-signal-safe: from a handler it must not wait for
+  // another thread's fork, which may need a lock the interrupted code holds
+  // (glibc's malloc lock, say). That other fork's copy serves its child.
+  const int depth = kRunHandlers ? g_fork_lock.try_acquire() : g_fork_lock.acquire();
+  if (depth == 0) {
+    const pid_t pid = real();
+    if (pid == 0) {
+      on_child_of_overlapping_fork();
+      errno = saved_errno;
+    } else if (pid > 0) {
+      errno = saved_errno;
+    }
+    return pid;
+  }
   // Not from a driver thread or inside a driver call (the driver must not be
   // called there), nor nested in a fork of this thread (its copy is in use):
   // then the prepare handler reads everything with the CPU.

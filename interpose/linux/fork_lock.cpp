@@ -14,7 +14,7 @@ int load(const int& word) noexcept {
 
 }  // namespace
 
-int ForkLock::acquire() noexcept {
+int ForkLock::take(bool wait) noexcept {
   Os::SignalMask mask;
   Os::block_async_signals(&mask);
   const int self = static_cast<int>(gettid());
@@ -25,6 +25,10 @@ int ForkLock::acquire() noexcept {
                                       __ATOMIC_RELAXED)) {
         break;
       }
+      if (!wait) {
+        Os::restore_signals(mask);
+        return 0;
+      }
       // A timeout, so that a wake-up lost to a race costs a millisecond.
       const timespec ms{0, 1000 * 1000};
       syscall(SYS_futex, &owner_, FUTEX_WAIT_PRIVATE, expected, &ms, nullptr, 0);
@@ -32,6 +36,14 @@ int ForkLock::acquire() noexcept {
   }
   if (depth_ < kMaxDepth) masks_[depth_] = mask;
   return ++depth_;
+}
+
+int ForkLock::acquire() noexcept {
+  return take(true);
+}
+
+int ForkLock::try_acquire() noexcept {
+  return take(false);
 }
 
 void ForkLock::release() noexcept {
@@ -48,6 +60,11 @@ void ForkLock::release() noexcept {
 void ForkLock::release_in_child() noexcept {
   __atomic_store_n(&owner_, static_cast<int>(gettid()), __ATOMIC_RELAXED);
   release();
+}
+
+void ForkLock::reset_in_child() noexcept {
+  __atomic_store_n(&owner_, 0, __ATOMIC_RELAXED);
+  depth_ = 0;
 }
 
 int ForkLock::depth() const noexcept {

@@ -26,12 +26,18 @@ class ForkLock {
   // the lock. Returns the depth of this hold on the calling thread (1 for the
   // outermost).
   int acquire() noexcept;
+  // As acquire(), but when another thread holds the lock: returns 0 at once
+  // and changes nothing (glibc's _Fork must not wait, see fork.cpp).
+  int try_acquire() noexcept;
   // Ends the innermost hold of the owner and puts back the signal mask it
   // found.
   void release() noexcept;
   // In a forked child, for the hold the fork was made under: the child's
   // thread (a new thread id) owns what is left of the parent's holds.
   void release_in_child() noexcept;
+  // In the child of a fork made without the lock (another thread held it):
+  // nobody holds it there.
+  void reset_in_child() noexcept;
   // Holds of the calling thread (0 when another thread or none holds it).
   int depth() const noexcept;
   // In a forked child, before release_in_child: the holds the forking
@@ -39,6 +45,8 @@ class ForkLock {
   int depth_in_child() const noexcept { return depth_; }
 
  private:
+  int take(bool wait) noexcept;
+
   static constexpr int kMaxDepth = 8;
   int owner_ = 0;  // thread id, accessed atomically (a futex word)
   int depth_ = 0;  // the owner's holds

@@ -75,27 +75,26 @@ inline void* host_block(void* p) noexcept {
   return p;
 }
 
+// The system allocator serves: a size outside MNEMOSYNE_SIZE, or a fork
+// between its copy and its end (Mode::diverted, hold.hpp). Counted when
+// statistics are on.
+void* system_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  void* p = alignment != 0 ? __libc_memalign(alignment, size)
+                           : (zero ? __libc_calloc(1, size) : __libc_malloc(size));
+  if (p == nullptr) return nomem();
+  return counted(p, size);
+}
+
 void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  if (!to_arena(size)) return system_alloc(size, alignment, zero);
   void* p;
-  if (!to_arena(size)) {
-    p = alignment != 0 ? __libc_memalign(alignment, size)
-                       : (zero ? __libc_calloc(1, size) : __libc_malloc(size));
-  } else if (alignment != 0) {
+  if (alignment != 0) {
     p = arena::alloc_aligned(size, alignment);
   } else {
     p = zero ? arena::alloc_zeroed(size) : arena::alloc(size);
   }
   if (p == nullptr) return nomem();
   return counted(p, size);
-}
-
-// While a fork is between its copy and its end (Mode::diverted, hold.hpp):
-// the system allocator serves, counted when statistics are on.
-void* system_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
-  void* p = alignment != 0 ? __libc_memalign(alignment, size)
-                           : (zero ? __libc_calloc(1, size) : __libc_malloc(size));
-  if (p == nullptr) return nomem();
-  return g_policy.counting ? counted(p, size) : p;
 }
 
 // The mode for a request outside the fast path: waits out a fork's copy.
@@ -139,7 +138,7 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
     // A forked child that lost its heap cannot read an arena block any more.
     if (tag != 0) return __libc_malloc(size);
     void* p = __libc_realloc(ptr, size);
-    if (p != nullptr && g_before_start.load(std::memory_order_relaxed)) {
+    if (p != nullptr) {  // before the start: the new block replaces the remembered one
       stats::forget_earlier(ptr);
       host_block(p);
     }

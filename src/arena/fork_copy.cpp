@@ -509,7 +509,26 @@ bool restore_child_heap(const void* addr) noexcept {
   return true;
 }
 
+namespace {
+
+// True when some segment would need a copy in a child.
+bool any_segment_needs_copy() noexcept {
+  const SegmentTable::Entry* entries = g_state.table.entries();
+  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+    if (entries[i].used && !inherited(entries[i].segment.backend)) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 bool child_after_fork() noexcept {
+  // A child whose fork made no copy and found none pending (a _Fork from a
+  // signal handler while another thread's fork had not copied yet) lacks
+  // every segment that is not inherited.
+  if (g_child_state.load(std::memory_order_acquire) != kPending && any_segment_needs_copy()) {
+    g_child_complete = false;
+  }
   restore_once();
   close_image();  // a child that took no copy (a nested fork's) has one open too
   const bool ok = g_child_complete;
