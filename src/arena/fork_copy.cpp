@@ -523,10 +523,10 @@ bool any_segment_needs_copy() noexcept {
 }  // namespace
 
 bool child_after_fork() noexcept {
-  // A child whose fork made no copy and found none pending (a _Fork from a
-  // signal handler while another thread's fork had not copied yet) lacks
-  // every segment that is not inherited.
-  if (g_child_state.load(std::memory_order_acquire) != kPending && any_segment_needs_copy()) {
+  // A child whose fork made no copy (a _Fork from a signal handler while
+  // another thread's fork had not copied yet) lacks every segment that is not
+  // inherited. kRestored means the first fault here already put the copy in.
+  if (g_child_state.load(std::memory_order_acquire) == kIdle && any_segment_needs_copy()) {
     g_child_complete = false;
   }
   restore_once();
