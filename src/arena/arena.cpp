@@ -15,6 +15,7 @@
 #include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/loader.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne::arena {
 
@@ -26,9 +27,18 @@ namespace {
 constexpr std::size_t kDedicatedThreshold = std::size_t{1} << 30;
 // mimalloc 2.0.9 accepts 64 arenas per process; keep a few for the user.
 constexpr int kMaxArenas = 60;
-// How long a thread waits for another thread's growth before it serves the
-// request from the host heap instead (deadlock insurance, never expected).
-constexpr long kGrowWaitSeconds = 2;
+// How long a thread waits for another thread's growth that makes no
+// progress before it serves the request from the host heap instead
+// (deadlock insurance: the growing thread may wait inside the driver for a
+// lock the waiting thread holds, when the program's own driver call
+// mallocs). Progress is CPU time used by the grower or by the driver's own
+// threads (the grower often waits inside the driver for a lock one of them
+// holds while it works), however slowly a busy machine lets them run; none
+// for kGrowStallNs is taken as stuck. kGrowWaitCapNs bounds the wait
+// whatever they do.
+constexpr std::uint64_t kGrowStallNs = std::uint64_t{2} * 1000000000u;
+constexpr std::uint64_t kGrowWaitCapNs = std::uint64_t{60} * 1000000000u;
+constexpr long kGrowPollNs = 100 * 1000 * 1000;
 constexpr std::size_t kMaxArenaSize = std::size_t{1} << 40;
 
 void warn(const char* line) noexcept {
@@ -141,10 +151,33 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
 }
 
 bool lock_grow() noexcept {
-  timespec deadline;
-  clock_gettime(CLOCK_REALTIME, &deadline);
-  deadline.tv_sec += kGrowWaitSeconds;
-  if (pthread_mutex_timedlock(&g_state.grow_lock, &deadline) == 0) return true;
+  const std::uint64_t start = Os::monotonic_ns();
+  std::uint64_t progress_at = start;
+  long grower = -1;
+  std::uint64_t work = 0;  // CPU ns of the grower and the driver's threads
+  for (;;) {
+    timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_nsec += kGrowPollNs;
+    if (deadline.tv_nsec >= 1000000000) {
+      deadline.tv_sec += 1;
+      deadline.tv_nsec -= 1000000000;
+    }
+    if (pthread_mutex_timedlock(&g_state.grow_lock, &deadline) == 0) {
+      g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
+      return true;
+    }
+    const std::uint64_t now = Os::monotonic_ns();
+    const long holder = g_state.grower.load(std::memory_order_relaxed);
+    const std::uint64_t cpu =
+        (holder >= 0 ? Os::thread_cpu_ns(holder) : 0) + driver_threads_cpu_ns();
+    if (holder != grower || cpu != work) {  // another grower, or work was done
+      grower = holder;
+      work = cpu;
+      progress_at = now;
+    }
+    if (now - progress_at >= kGrowStallNs || now - start >= kGrowWaitCapNs) break;
+  }
   g_state.grow_waits_timed_out.fetch_add(1, std::memory_order_relaxed);
   return false;
 }
@@ -249,6 +282,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.next_arena_size = std::max(round_up(cfg.first_segment, kSegmentAlign), kSegmentAlign);
   char why[kReasonLen] = {};
   pthread_mutex_lock(&g_state.grow_lock);
+  g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
   bool ok = add_arena_locked(0, why, sizeof why);
   if (!ok && cfg.backend != BackendId::host) {
     std::snprintf(report->reason, sizeof report->reason, "%s", why);

@@ -22,6 +22,7 @@ struct State {
   std::atomic<bool> warned_fallback{false};
   char fallback_reason[kReasonLen] = {};  // written once, by the first fallback
   pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
+  std::atomic<long> grower{-1};       // thread id of grow_lock's latest holder
   int arenas = 0;                     // under grow_lock
   std::size_t next_arena_size = 0;    // under grow_lock
   std::size_t total_arena_bytes = 0;  // under grow_lock

@@ -5,6 +5,7 @@
 
 #include <errno.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include "backend/internal.hpp"
@@ -89,8 +90,30 @@ bool in_driver_call() noexcept {
   return t_in_driver || t_driver_owned;
 }
 
+namespace {
+// Thread ids of the driver's threads, for driver_threads_cpu_ns. Fixed and
+// lock-free: written from the threads' start, read from malloc's slow path.
+constexpr int kMaxDriverThreads = 32;
+constinit std::atomic<long> g_driver_threads[kMaxDriverThreads] = {};
+constinit std::atomic<int> g_driver_thread_count{0};
+}  // namespace
+
 void mark_thread_as_driver_owned() noexcept {
   t_driver_owned = true;
+  const int slot = g_driver_thread_count.fetch_add(1, std::memory_order_relaxed);
+  if (slot < kMaxDriverThreads) {
+    g_driver_threads[slot].store(Os::thread_id(), std::memory_order_release);
+  }
+}
+
+std::uint64_t driver_threads_cpu_ns() noexcept {
+  const int n = std::min(g_driver_thread_count.load(std::memory_order_acquire), kMaxDriverThreads);
+  std::uint64_t sum = 0;
+  for (int i = 0; i < n; ++i) {
+    const long tid = g_driver_threads[i].load(std::memory_order_acquire);
+    if (tid > 0) sum += Os::thread_cpu_ns(tid);
+  }
+  return sum;
 }
 
 detail::InDriverScope::InDriverScope() noexcept : outer_(t_in_driver) {

@@ -21,6 +21,12 @@ bool in_driver_call() noexcept;
 // asks the driver for memory on it. Called on threads the driver creates.
 void mark_thread_as_driver_owned() noexcept;
 
+// The CPU time (ns) the driver's own threads (those marked above, the first
+// kMaxDriverThreads of them) have used so far: whether the driver is making
+// progress while a thread of ours waits inside it for a lock one of them
+// holds. Threads that ended count 0.
+std::uint64_t driver_threads_cpu_ns() noexcept;
+
 // RAII: sets the in-driver flag, then pushes the heap's context on
 // device_ordinal(). ok() is false when the driver is unavailable or the
 // context could not be made current (then nothing is pushed). For the call's

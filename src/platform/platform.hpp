@@ -34,6 +34,10 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   { P::pause(n) } -> std::same_as<void>;
   { P::monotonic_ns() } -> std::same_as<std::uint64_t>;
   { P::process_id() } -> std::same_as<long>;
+  // The calling thread's id, and the CPU time (ns) a thread of this process
+  // has used so far, by id; 0 when it cannot be read (the thread is gone).
+  { P::thread_id() } -> std::same_as<long>;
+  { P::thread_cpu_ns(0L) } -> std::same_as<std::uint64_t>;
 }
 &&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
   // The asynchronous signals (every one but the faults a thread raises
@@ -58,6 +62,8 @@ struct Linux {
   static void pause(std::size_t spins) noexcept;
   static std::uint64_t monotonic_ns() noexcept;
   static long process_id() noexcept;
+  static long thread_id() noexcept;
+  static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };
@@ -74,6 +80,8 @@ struct Windows {
   static void pause(std::size_t spins) noexcept;
   static std::uint64_t monotonic_ns() noexcept;
   static long process_id() noexcept;
+  static long thread_id() noexcept;
+  static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}
 };

@@ -77,4 +77,21 @@ long Windows::process_id() noexcept {
   return static_cast<long>(GetCurrentProcessId());
 }
 
+long Windows::thread_id() noexcept {
+  return static_cast<long>(GetCurrentThreadId());
+}
+
+std::uint64_t Windows::thread_cpu_ns(long tid) noexcept {
+  HANDLE thread = OpenThread(THREAD_QUERY_LIMITED_INFORMATION, FALSE, static_cast<DWORD>(tid));
+  if (thread == nullptr) return 0;
+  FILETIME created, exited, kernel, user;
+  const BOOL ok = GetThreadTimes(thread, &created, &exited, &kernel, &user);
+  CloseHandle(thread);
+  if (!ok) return 0;
+  const auto ticks = [](const FILETIME& t) {
+    return (static_cast<std::uint64_t>(t.dwHighDateTime) << 32) | t.dwLowDateTime;
+  };
+  return (ticks(kernel) + ticks(user)) * 100;  // 100 ns units
+}
+
 }  // namespace mnemosyne::platform

@@ -79,6 +79,8 @@ void read_config() noexcept {
   if (env_ull("FAKECUDA_THREAD_ALLOC_MAX", &u)) c.thread_alloc_max = std::size_t(u);
   if (env_long("FAKECUDA_THREAD_ITERS", &v)) c.thread_iters = v < 0 ? 0 : int(v);
   if (env_long("FAKECUDA_EVENT_THREAD", &v)) c.event_thread = v != 0;
+  if (env_long("FAKECUDA_ALLOC_BUSY_MS", &v)) c.alloc_busy_ms = v < 0 ? 0 : v;
+  if (env_long("FAKECUDA_ALLOC_STALL_MS", &v)) c.alloc_stall_ms = v < 0 ? 0 : v;
   g_config = c;
 
   if (env_long("FAKECUDA_FAIL_ALLOC_AFTER", &v)) {

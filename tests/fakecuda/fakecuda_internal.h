@@ -70,6 +70,8 @@ struct Config {
   std::size_t thread_alloc_max = 32 * kMiB;
   int thread_iters = 30;
   bool event_thread = true;  // FAKECUDA_EVENT_THREAD
+  long alloc_busy_ms = 0;    // FAKECUDA_ALLOC_BUSY_MS
+  long alloc_stall_ms = 0;   // FAKECUDA_ALLOC_STALL_MS
 };
 extern Config g_config;
 

@@ -136,9 +136,23 @@ void* map_host(std::size_t len) noexcept {
   return os::map_pages(len);
 }
 
+// A slow allocation, on purpose: busy (a driver populating pages on a
+// loaded machine, using CPU) or stalled (a driver waiting on a lock, using
+// none). Lock held, as the real driver's would be.
+void slow_allocation() noexcept {
+  if (g_config.alloc_busy_ms > 0) {
+    const std::uint64_t end =
+        os::monotonic_ns() + static_cast<std::uint64_t>(g_config.alloc_busy_ms) * 1000000u;
+    while (os::monotonic_ns() < end) {
+    }
+  }
+  if (g_config.alloc_stall_ms > 0) os::sleep_us(std::int64_t{g_config.alloc_stall_ms} * 1000);
+}
+
 // Lock held. Allocates a block of the given kind for the current context.
 CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, void** out) noexcept {
   if (CUresult rc = admit(size); rc != CUDA_SUCCESS) return rc;
+  slow_allocation();
   const std::size_t len = round_up(size, page_size());
   void* p = kind == kManaged ? map_managed(len) : map_host(len);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;

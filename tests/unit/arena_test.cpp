@@ -145,6 +145,53 @@ TEST(Arena, RacingThreadsGrowByOneArenaAtATime) {
   });
 }
 
+// Two threads that both need the arena to grow, over a driver whose every
+// allocation takes `ms` (busy or stalled, as the environment set it).
+void race_two_growths() {
+  std::atomic<bool> go{false};
+  std::vector<void*> blocks[2];
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 2; ++t) {
+    threads.emplace_back([&, t] {
+      while (!go.load()) std::this_thread::yield();
+      blocks[t].push_back(arena::alloc(100 * kMiB));
+    });
+  }
+  go = true;
+  for (auto& t : threads) t.join();
+  for (auto& v : blocks) {
+    for (void* p : v) {
+      ASSERT_NE(p, nullptr);
+      release(p);
+    }
+  }
+}
+
+TEST(Arena, SlowGrowthThatMakesProgressIsWaitedFor) {
+  IN_FRESH_PROCESS({
+    // Longer than the 2 s a waiter gives a grower that uses no CPU: a busy
+    // grower is making progress, however slowly, and is waited for.
+    test::set_env("FAKECUDA_ALLOC_BUSY_MS", "2600");
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    race_two_growths();
+    EXPECT_EQ(g_host_calls.load(), 0) << "the thread that waited must get driver memory";
+    EXPECT_EQ(g_warnings.load(), 0);
+  });
+}
+
+TEST(Arena, StuckGrowthFallsBackToHostMemory) {
+  IN_FRESH_PROCESS({
+    // A grower that uses no CPU for 2 s is taken as stuck (it may wait in
+    // the driver for a lock the waiter holds): the waiter uses host memory,
+    // with one warning.
+    test::set_env("FAKECUDA_ALLOC_STALL_MS", "3500");
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    race_two_growths();
+    EXPECT_GT(g_host_calls.load(), 0);
+    EXPECT_EQ(g_warnings.load(), 1);
+  });
+}
+
 TEST(Arena, HugeAndOveralignedRequestsGetDedicatedSegments) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
