@@ -4,16 +4,38 @@
 # again under AddressSanitizer+UBSan and ThreadSanitizer, the arena and
 # backend tests under valgrind, the fuzzers for a bounded time, and the
 # README's install line on a fresh clone.
-# Usage: scripts/test.sh [--quick | --windows]
+# Usage: scripts/test.sh [--quick | --windows] [--under-load]
 #   --quick: only the release build's tests; --windows: only the Windows job
+#   --under-load: a busy loop on every core beside the whole run (as on a
+#   shared build machine), to show the suite holds there too; the same as
+#   MNEMOSYNE_TEST_UNDER_LOAD=1
 set -euo pipefail
 shopt -s extglob
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 quick=0
 windows_only=0
-[ "${1:-}" = "--quick" ] && quick=1
-[ "${1:-}" = "--windows" ] && windows_only=1
+under_load=${MNEMOSYNE_TEST_UNDER_LOAD:-0}
+for arg in "$@"; do
+  case "$arg" in
+    --quick) quick=1 ;;
+    --windows) windows_only=1 ;;
+    --under-load) under_load=1 ;;
+    *) echo "usage: scripts/test.sh [--quick | --windows] [--under-load]" >&2; exit 2 ;;
+  esac
+done
+
+if [ "$under_load" = 1 ]; then
+  # Loops that never sleep, at the suite's own priority: what another job
+  # on a shared build machine does to it.
+  load_pids=()
+  for _ in $(seq "$(nproc)"); do
+    (exec -a mnemosyne-load bash -c 'while :; do :; done') &
+    load_pids+=($!)
+  done
+  trap 'kill "${load_pids[@]}" 2>/dev/null || true' EXIT
+  echo "== under load: ${#load_pids[@]} busy loops beside the suite (pids ${load_pids[*]})"
+fi
 
 scripts/setup.sh
 

@@ -504,7 +504,12 @@ def case_fork_device(tmp, backend):
 
 
 def normalized(text):
-    return re.sub(rb"(process|LWP|Thread) (0x[0-9a-f]+ \(LWP )?\d+", rb"\1 N", text)
+    """gdb's output with what varies from run to run made equal: process and
+    thread ids, and the padding of the columns whose width follows them
+    (`info threads` pads "Target Id" to its longest entry, so a 3-digit LWP
+    and a 5-digit one align the rest of the table differently)."""
+    text = re.sub(rb"(process|LWP|Thread) (0x[0-9a-f]+ \(LWP )?\d+", rb"\1 N", text)
+    return re.sub(rb"[ \t]+", b" ", text)
 
 
 GDB_TARGET = r"""
