@@ -48,6 +48,7 @@ WORKLOADS = [
     ("threads-200", "threads-200", 1.0, 1.0, False),
     ("calloc-large", "calloc-large", 1.0, 0.25, True),
     ("realloc-grow", "realloc-grow", 1.0, 0.25, True),
+    ("impossible", "impossible", 1.0, 0.1, True),
 ]
 
 PY_PROGRAM = ("import json\n"

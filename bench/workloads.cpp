@@ -5,6 +5,8 @@
 // wrote, and prints one line: "<name> ok <checksum>".
 //
 //   workloads NAME [SCALE]     SCALE (default 1.0) multiplies the work
+#include <errno.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -299,6 +301,21 @@ std::uint64_t realloc_grow(double scale) {
   return n;
 }
 
+// Requests no allocator can serve (a size computed from corrupt input, or
+// a probe for the limit): each must fail fast, with ENOMEM.
+std::uint64_t impossible(double scale) {
+  const long n = static_cast<long>(2000000 * scale);
+  volatile std::size_t base = SIZE_MAX;  // the compiler must not see the sizes
+  std::uint64_t refused = 0;
+  for (long i = 0; i < n; ++i) {
+    errno = 0;
+    void* p = std::malloc(base - static_cast<std::size_t>(i % 4096));
+    if (p != nullptr || errno != ENOMEM) die("an impossible size was not refused with ENOMEM");
+    ++refused;
+  }
+  return refused;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -306,7 +323,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr,
                  "usage: workloads NAME [SCALE]; NAME: churn larson xmalloc cache-scratch "
                  "malloc-simple malloc-thread realloc-chains large threads-200 calloc-large "
-                 "realloc-grow\n");
+                 "realloc-grow impossible\n");
     return 2;
   }
   const std::string name = argv[1];
@@ -336,6 +353,8 @@ int main(int argc, char** argv) {
     sum = calloc_large(scale);
   } else if (name == "realloc-grow") {
     sum = realloc_grow(scale);
+  } else if (name == "impossible") {
+    sum = impossible(scale);
   } else {
     std::fprintf(stderr, "workloads: unknown workload %s\n", name.c_str());
     return 2;

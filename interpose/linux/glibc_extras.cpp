@@ -3,6 +3,7 @@
 // mimalloc's process statistics), malloc_trim collects free memory, mallopt
 // accepts and ignores glibc's tuning knobs, malloc_stats prints a summary.
 #include <malloc.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -76,7 +77,14 @@ __attribute__((visibility("default"))) void malloc_stats() noexcept {
   const int n = std::snprintf(line, sizeof line,
                               "mnemosyne: backend %s, reserved %zu bytes, in use %zu bytes\n",
                               backend_name(arena::active_backend()), u.reserved, u.in_use);
+  // write() is a cancellation point and glibc's malloc_stats is not: with
+  // a cancellation pending the line would be lost and the thread cancelled
+  // here. Cancellation is held off around it, as glibc holds it off around
+  // its own output.
+  int cancel_state = 0;
+  pthread_setcancelstate(PTHREAD_CANCEL_DISABLE, &cancel_state);
   if (n > 0) (void)!write(2, line, static_cast<std::size_t>(n));
+  pthread_setcancelstate(cancel_state, nullptr);
 }
 
 }  // extern "C"

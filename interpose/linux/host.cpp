@@ -1,4 +1,5 @@
 #include <dlfcn.h>
+#include <gnu/libc-version.h>
 
 #include <atomic>
 
@@ -23,6 +24,24 @@ void resolve() noexcept {
 std::size_t usable_size(void* ptr) noexcept {
   const UsableFn fn = g_usable.load(std::memory_order_acquire);
   return fn != nullptr ? fn(ptr) : 0;
+}
+
+// gnu_get_libc_version() is a static string ("2.36"): parsed by hand, as
+// this runs inside aligned_alloc.
+bool aligned_alloc_is_strict() noexcept {
+  static std::atomic<int> strict{-1};
+  int known = strict.load(std::memory_order_relaxed);
+  if (known < 0) {
+    const char* v = gnu_get_libc_version();
+    int major = 0;
+    int minor = 0;
+    while (*v >= '0' && *v <= '9') major = major * 10 + (*v++ - '0');
+    if (*v == '.') ++v;
+    while (*v >= '0' && *v <= '9') minor = minor * 10 + (*v++ - '0');
+    known = major > 2 || (major == 2 && minor >= 38) ? 1 : 0;
+    strict.store(known, std::memory_order_relaxed);
+  }
+  return known == 1;
 }
 
 }  // namespace mnemosyne::linux_host

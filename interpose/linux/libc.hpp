@@ -18,5 +18,8 @@ namespace mnemosyne::linux_host {
 std::size_t usable_size(void* ptr) noexcept;
 // Resolves what usable_size needs; called once from the constructor.
 void resolve() noexcept;
+// Whether the glibc this process runs on refuses aligned_alloc alignments
+// that are not powers of two (2.38 and later); read once, on first use.
+bool aligned_alloc_is_strict() noexcept;
 
 }  // namespace mnemosyne::linux_host

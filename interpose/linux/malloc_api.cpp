@@ -270,34 +270,38 @@ MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(reallocarray)(void* ptr, std::size_
 MNEMOSYNE_API_VISIBILITY int MNEMOSYNE_API(posix_memalign)(void** out, std::size_t alignment,
                                                            std::size_t size) noexcept {
   if (!is_power_of_two(alignment) || alignment % sizeof(void*) != 0) return EINVAL;
-  const int saved = errno;
   void* p = aligned(alignment, size);
-  if (p == nullptr) {
-    errno = saved;  // posix_memalign reports through its result, not errno
-    return ENOMEM;
-  }
+  // The result says ENOMEM; glibc's leaves errno at ENOMEM too.
+  if (p == nullptr) return ENOMEM;
   *out = p;
   return 0;
 }
 
-MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(aligned_alloc)(std::size_t alignment,
-                                                            std::size_t size) noexcept {
-  if (!is_power_of_two(alignment)) {
-    errno = EINVAL;
-    return nullptr;
-  }
-  return aligned(alignment, size);
-}
-
-// glibc's memalign accepts any alignment and rounds it up to a power of two.
+// glibc's memalign accepts any alignment: one up to alignof(max_align_t)
+// is malloc's, one above SIZE_MAX / 2 + 1 (no power of two) is EINVAL, any
+// other is rounded up to a power of two (whose padding may then not fit:
+// ENOMEM).
 MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(memalign)(std::size_t alignment,
                                                        std::size_t size) noexcept {
   if (alignment <= alignof(std::max_align_t)) return MNEMOSYNE_API(malloc)(size);
-  if (!is_power_of_two(alignment)) {
-    if (alignment > (SIZE_MAX >> 1)) return nomem();
-    alignment = std::size_t{1} << (64 - __builtin_clzl(alignment));
+  if (alignment > (SIZE_MAX >> 1) + 1) {
+    errno = EINVAL;
+    return nullptr;
   }
+  if (!is_power_of_two(alignment)) alignment = std::size_t{1} << (64 - __builtin_clzl(alignment));
   return aligned(alignment, size);
+}
+
+// glibc's aligned_alloc is memalign up to 2.37; 2.38 made it refuse an
+// alignment that is not a power of two with EINVAL (glibc bug 20137). The
+// program gets what the glibc it runs on would give it.
+MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(aligned_alloc)(std::size_t alignment,
+                                                            std::size_t size) noexcept {
+  if (!is_power_of_two(alignment) && linux_host::aligned_alloc_is_strict()) {
+    errno = EINVAL;
+    return nullptr;
+  }
+  return MNEMOSYNE_API(memalign)(alignment, size);
 }
 
 MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(valloc)(std::size_t size) noexcept {

@@ -307,6 +307,9 @@ BackendId active_backend() noexcept {
 }
 
 void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
+  // A size no allocator serves (glibc refuses any above PTRDIFF_MAX): no
+  // reason to build, no growth, no fallback to try. The caller sets ENOMEM.
+  if (size > static_cast<std::size_t>(PTRDIFF_MAX) - alignment) return nullptr;
   const int saved_errno = errno;
   // The driver is calling malloc (inside a call of ours, or on a thread it
   // started during one): asking it for memory now could deadlock.

@@ -12,7 +12,7 @@
  * counts NUMA nodes (a thread's first allocation), ENOMEM when its arenas
  * are full and mnemosyne is about to add one; a program's errno must survive
  * every successful malloc. A failure is reported by the interposer, which
- * sets ENOMEM itself. */
+ * sets ENOMEM itself. Sizes above PTRDIFF_MAX are refused there at once. */
 #ifndef _DEFAULT_SOURCE
 #define _DEFAULT_SOURCE
 #endif
@@ -31,6 +31,10 @@
 
 void* _mi_malloc_generic(mi_heap_t* heap, size_t size, bool zero,
                          size_t huge_alignment) mi_attr_noexcept {
+  /* A size no allocator serves (above PTRDIFF_MAX, as glibc refuses too):
+     refused before the heap's deferred work and mimalloc's error report,
+     which would otherwise run for every such request. */
+  if (size > PTRDIFF_MAX) return NULL;
   const int saved_errno = errno;
   void* p = mnemosyne_mi_malloc_generic_errno(heap, size, zero, huge_alignment);
   errno = saved_errno;
