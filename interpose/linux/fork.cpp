@@ -146,6 +146,11 @@ void on_fault(int sig, siginfo_t* info, void* context) {
   const int saved_errno = errno;
   const bool restored = info != nullptr && info->si_code > 0 && (sig == SIGSEGV || sig == SIGBUS) &&
                         arena::restore_child_heap(info->si_addr);
+  if (!restored && info != nullptr && info->si_code > 0 && arena::lost_in_child(info->si_addr)) {
+    warn_line(
+        "mnemosyne: this forked child touched its parent's heap, whose copy could not be made; "
+        "it stops here (SIGSEGV) rather than read wrong data");
+  }
   errno = saved_errno;
   if (!restored) deliver_to_app(sig, info, context);
 }
@@ -269,8 +274,9 @@ void on_child_after_fork() noexcept {
     if (!ok) {
       g_mode.store(Mode::host, std::memory_order_release);
       warn_line(
-          "mnemosyne: this forked child's heap could not be restored; it continues on "
-          "the system allocator and ignores frees of its parent's blocks");
+          "mnemosyne: this forked child's copy of its parent's heap could not be made; "
+          "the parent's blocks cannot be read here (a touch ends the child with SIGSEGV), "
+          "and new ones come from the system allocator");
     }
   }
   g_fork_lock.release_in_child();

@@ -127,6 +127,10 @@ void end_early() noexcept;
 void prepare_fork() noexcept;
 void parent_after_fork() noexcept;
 bool child_after_fork() noexcept;
+// For a fault handler in the child, before child_after_fork ran: whether
+// `addr` lies in a segment whose copy could not be made (reserved without
+// access). Async-signal-safe.
+bool lost_in_child(const void* addr) noexcept;
 // For a fault handler in the child, before child_after_fork ran: when `addr`
 // lies in a segment the child lacks, puts every copy in place and returns
 // true (the faulting access can be retried). Async-signal-safe.

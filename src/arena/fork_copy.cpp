@@ -35,6 +35,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -112,11 +113,44 @@ void* map_anonymous(std::size_t size) noexcept {
   return p == MAP_FAILED ? nullptr : p;
 }
 
+// RLIMIT_FSIZE applies to the image (a memfd is a file, and its offsets are
+// addresses): over the limit, ftruncate and pwrite fail with EFBIG and the
+// kernel sends the thread SIGXFSZ, whose default action kills the program.
+// So for the copy the soft limit is lifted to the hard one, and put back
+// before the fork itself (the child inherits the program's own); other
+// threads are held or diverted meanwhile. With a finite hard limit the
+// image cannot be made at all: open_image fails, and so does the fork
+// (ENOMEM) where the wrapper can still refuse it.
+constinit rlim_t g_fsize_soft = RLIM_INFINITY;  // the program's, while lifted
+constinit bool g_fsize_lifted = false;
+
+bool lift_file_size_limit() noexcept {
+  struct rlimit lim {};
+  if (getrlimit(RLIMIT_FSIZE, &lim) != 0) return true;
+  if (lim.rlim_max != RLIM_INFINITY) return false;
+  if (lim.rlim_cur == RLIM_INFINITY || g_fsize_lifted) return true;
+  g_fsize_soft = lim.rlim_cur;
+  lim.rlim_cur = RLIM_INFINITY;
+  if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return false;
+  g_fsize_lifted = true;
+  return true;
+}
+
+void restore_file_size_limit() noexcept {
+  if (!g_fsize_lifted) return;
+  struct rlimit lim {};
+  lim.rlim_cur = g_fsize_soft;
+  lim.rlim_max = RLIM_INFINITY;
+  setrlimit(RLIMIT_FSIZE, &lim);
+  g_fsize_lifted = false;
+}
+
 // The fork's image, made once per fork (both passes write into it). A memfd;
 // close-on-exec, so that a child that execs without touching its heap leaves
 // it behind.
 bool open_image() noexcept {
   if (g_image >= 0) return true;
+  if (!lift_file_size_limit()) return false;
   const int fd = memfd_create("mnemosyne-fork-heap", MFD_CLOEXEC);
   if (fd < 0) return false;
   if (ftruncate(fd, kImageBytes) != 0) {
@@ -130,6 +164,7 @@ bool open_image() noexcept {
 void close_image() noexcept {
   if (g_image >= 0) close(g_image);
   g_image = -1;
+  restore_file_size_limit();
 }
 
 // Writes [src, src + size) into the image at `at`'s offset. False when the
@@ -357,6 +392,15 @@ bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
   return false;
 }
 
+// True when some segment would need a copy in a child.
+bool any_segment_needs_copy() noexcept {
+  const SegmentTable::Entry* entries = g_state.table.entries();
+  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+    if (entries[i].used && !inherited(entries[i].segment.backend)) return true;
+  }
+  return false;
+}
+
 void add_copied(const Pass& pass) noexcept {
   g_state.fork_bytes_copied.fetch_add(pass.bytes, std::memory_order_relaxed);
   g_state.fork_bytes_via_driver.fetch_add(pass.via_backend, std::memory_order_relaxed);
@@ -366,9 +410,19 @@ void add_copied(const Pass& pass) noexcept {
 
 bool copy_early() noexcept {
   drop_early();
+  if (g_state.forked_child) return true;
+  {
+    SpinGuard guard(g_state.table.lock());
+    if (!any_segment_needs_copy()) return true;
+  }
+  // The image the child's copy goes into, opened here, before the fork: if
+  // it cannot be made, the fork fails (ENOMEM) instead of giving a child
+  // without its heap. prepare_fork adopts it.
+  if (!open_image()) return false;
+  g_early_thread.store(gettid(), std::memory_order_release);
   // driver_state(), not driver_api(): a process whose driver was never loaded
   // (the host backend) must not load it to fork.
-  if (g_state.forked_child || driver_state() != DriverState::ready) return true;
+  if (driver_state() != DriverState::ready) return true;
   std::size_t n = 0;
   {
     SpinGuard guard(g_state.table.lock());
@@ -381,10 +435,8 @@ bool copy_early() noexcept {
     }
   }
   if (n == 0) return true;
-  if (!open_image()) return false;
   auto* bounce = static_cast<unsigned char*>(map_anonymous(kBounceBytes));
-  if (bounce == nullptr) return false;
-  bool ok = true;
+  bool ok = bounce != nullptr;
   for (std::size_t i = 0; i < n && ok; ++i) {
     Shadow& s = g_early[g_early_count];
     describe(s, g_snapshot[i]);
@@ -401,13 +453,12 @@ bool copy_early() noexcept {
     add_copied(pass);
     ok = !pass.failed;
   }
-  munmap(bounce, kBounceBytes);
+  if (bounce != nullptr) munmap(bounce, kBounceBytes);
   if (!ok) {
     drop_early();
     close_image();
     return false;
   }
-  g_early_thread.store(gettid(), std::memory_order_release);
   return true;
 }
 
@@ -445,7 +496,8 @@ void prepare_fork() noexcept {
     }
     ++g_shadow_count;
   }
-  if (adopt) drop_early();  // bitmaps of segments released since copy_early
+  if (adopt) drop_early();    // bitmaps of segments released since copy_early
+  restore_file_size_limit();  // before the fork: the child inherits the program's
   g_child_complete = g_missing_count == 0;
   g_child_state.store(kPending, std::memory_order_release);
 }
@@ -459,10 +511,10 @@ void parent_after_fork() noexcept {
 
 namespace {
 
-// In the child: maps the image at every shadow's target, and fresh zero
-// memory where a segment has no copy, so that nothing glibc touches before
-// child_after_fork faults. Runs once, with every signal blocked (no handler
-// may touch the heap half-way); async-signal-safe.
+// In the child: maps the image at every shadow's target, and an
+// inaccessible reservation where a segment has no copy. Runs once, with
+// every signal blocked (no handler may touch the heap half-way);
+// async-signal-safe.
 void restore_once() noexcept {
   sigset_t all;
   sigset_t old;
@@ -480,8 +532,11 @@ void restore_once() noexcept {
       }
     }
     close_image();  // the mappings keep the image
+    // What has no copy is never shown as zeros (a child running on wrong
+    // data is worse than one that stops): the range is reserved with no
+    // access, and a touch of it ends the child with SIGSEGV.
     for (std::size_t i = 0; i < g_missing_count; ++i) {
-      mmap(g_missing[i].start, g_missing[i].size, PROT_READ | PROT_WRITE,
+      mmap(g_missing[i].start, g_missing[i].size, PROT_NONE,
            MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
     }
     mnemosyne_mi_fork_child();  // the copy is older than the fork: see mimalloc-live.h
@@ -502,25 +557,23 @@ bool in_copied_segment(const void* addr) noexcept {
 
 }  // namespace
 
+bool lost_in_child(const void* addr) noexcept {
+  if (g_child_state.load(std::memory_order_acquire) != kRestored || getpid() == g_parent_pid) {
+    return false;
+  }
+  const auto a = reinterpret_cast<std::uintptr_t>(addr);
+  for (std::size_t i = 0; i < g_missing_count; ++i) {
+    if (a - reinterpret_cast<std::uintptr_t>(g_missing[i].start) < g_missing[i].size) return true;
+  }
+  return false;
+}
+
 bool restore_child_heap(const void* addr) noexcept {
   if (g_child_state.load(std::memory_order_acquire) != kPending) return false;
   if (getpid() == g_parent_pid || !in_copied_segment(addr)) return false;
   restore_once();
   return true;
 }
-
-namespace {
-
-// True when some segment would need a copy in a child.
-bool any_segment_needs_copy() noexcept {
-  const SegmentTable::Entry* entries = g_state.table.entries();
-  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
-    if (entries[i].used && !inherited(entries[i].segment.backend)) return true;
-  }
-  return false;
-}
-
-}  // namespace
 
 bool child_after_fork() noexcept {
   // A child whose fork made no copy (a _Fork from a signal handler while

@@ -22,6 +22,7 @@ CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
 FORK_RACE_PROBE = os.environ["FORK_RACE_PROBE"]
 ERRNO_PROBE = os.environ["ERRNO_PROBE"]
+PROMISE_PROBE = os.environ["PROMISE_PROBE"]
 FAULT_PROBE = os.environ["FAULT_PROBE"]
 STRESS_PROBE = os.environ["STRESS_PROBE"]
 TOOLKIT_STUB = os.environ.get("CUDA_TOOLKIT_STUB", "")
@@ -41,7 +42,7 @@ REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
-    "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "signals",
+    "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "signals",
     "jvm-launch", "single-threaded-tools",
 }
 LAST_STATS_DIR = [None]  # the statistics folder of the latest run under the interposer
@@ -677,6 +678,42 @@ def case_errno(tmp, backend):
     events, _, mine = twice(tmp, backend, [ERRNO_PROBE], "errno_probe")
     expect(mine.stdout.endswith(b"errno: 0 calls changed it\n"), f"errno: {mine.stdout!r}")
     check_heap(events, backend, 0)
+
+
+def case_promises(tmp, backend):
+    """What glibc promises where calls fail or report: memalign/aligned_alloc/
+    posix_memalign's result and errno for every kind of invalid alignment,
+    malloc_stats with a cancellation pending (it prints and returns),
+    impossible sizes (NULL and ENOMEM), and a fork under RLIMIT_AS that
+    either fails with ENOMEM or gives a child every byte."""
+    twice(tmp, backend, [PROMISE_PROBE, "align"], "promise_probe align")
+    _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "impossible"], "promise_probe impossible")
+    expect(mine.stdout.endswith(b", 0 otherwise\n"), f"impossible sizes: {mine.stdout!r}")
+    _, base, mine = twice(tmp, backend, [PROMISE_PROBE, "stats-cancel"], "malloc_stats",
+                          stdout_only=True)
+    expect(base.stdout == b"malloc_stats returned; the thread was cancelled\n",
+           f"glibc's malloc_stats with a cancellation pending: {base.stdout!r}")
+    expect(b"mnemosyne: backend " in mine.stderr,
+           f"malloc_stats printed nothing with a cancellation pending: {mine.stderr!r}")
+    for headroom in ("1", "16", "256"):
+        run = Run(tmp, backend, True)
+        r = run([PROMISE_PROBE, "fork-limit", headroom])
+        expect(r.returncode == 0 and r.stdout in (b"fork: the child found every byte\n",
+                                                  b"fork failed: ENOMEM\n"),
+               f"fork under RLIMIT_AS (size + {headroom} MiB): {r.returncode} {r.stdout!r} "
+               f"{r.stderr[-600:]!r}")
+        print(f"fork under RLIMIT_AS, size + {headroom} MiB: {r.stdout.decode().strip()}")
+    # A file-size limit (`ulimit -f`, soft or hard): the fork's image is a
+    # file to the kernel, whose SIGXFSZ would kill the program.
+    for flag in ("-S", "-SH"):
+        run = Run(tmp, backend, True)
+        r = run(["bash", "-c", f'ulimit {flag} -f 1000 && exec "$0" fork-limit 256',
+                 PROMISE_PROBE])
+        expect(r.returncode == 0 and r.stdout in (b"fork: the child found every byte\n",
+                                                  b"fork failed: ENOMEM\n"),
+               f"fork under `ulimit {flag} -f 1000`: {r.returncode} {r.stdout!r} "
+               f"{r.stderr[-600:]!r}")
+        print(f"fork under `ulimit {flag} -f 1000`: {r.stdout.decode().strip()}")
 
 
 # Programs that take their signals in one place: blocked in every thread of

@@ -1,0 +1,209 @@
+// What glibc promises on failure and introspection paths, printed so that a
+// run under the interposer can be compared with one without it.
+//
+//   promise_probe align        memalign / aligned_alloc / posix_memalign with
+//                              every kind of invalid alignment: result and errno
+//   promise_probe stats-cancel malloc_stats() on a thread with a cancellation
+//                              pending (deferred): it must print and return,
+//                              the thread being cancelled at the next
+//                              cancellation point instead
+//   promise_probe impossible   malloc/calloc/realloc/memalign of sizes no
+//                              allocator serves: NULL and ENOMEM each time
+//   promise_probe fork-limit MiB
+//                              24 MiB of patterned blocks, RLIMIT_AS at the
+//                              process's size plus MiB, fork: either fork
+//                              fails (ENOMEM) or the child finds every byte;
+//                              never a child with wrong data; the program's
+//                              RLIMIT_FSIZE (`ulimit -f`) stays as it set it
+#include <errno.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace {
+
+// Sizes and calls the compiler cannot see through: these requests are
+// meant to fail, and its checks of them would refuse to build the probe.
+std::size_t opaque(std::size_t v) {
+  volatile std::size_t x = v;
+  return x;
+}
+void* (*volatile g_realloc)(void*, std::size_t) = &std::realloc;
+
+int mode_align() {
+  const std::size_t alignments[] = {0,
+                                    1,
+                                    3,
+                                    sizeof(void*) / 2,
+                                    24,
+                                    4096,
+                                    4097,
+                                    SIZE_MAX >> 1,
+                                    (SIZE_MAX >> 1) + 1,
+                                    (SIZE_MAX >> 1) + 2,
+                                    SIZE_MAX};
+  for (std::size_t a : alignments) {
+    errno = 0;
+    void* m = memalign(a, 64);
+    const int m_errno = errno;
+    errno = 0;
+    void* q = aligned_alloc(a, 64);
+    const int q_errno = errno;
+    void* r = nullptr;
+    errno = 0;
+    const int r_rc = posix_memalign(&r, a, 64);
+    const int r_errno = errno;
+    std::printf("alignment %#zx: memalign %s errno %d, aligned_alloc %s errno %d, "
+                "posix_memalign %d errno %d\n",
+                a, m != nullptr ? "ok" : "NULL", m_errno, q != nullptr ? "ok" : "NULL", q_errno,
+                r_rc, r_errno);
+    if (m != nullptr && a > 1 && (reinterpret_cast<std::uintptr_t>(m) & (a - 1)) != 0 &&
+        (a & (a - 1)) == 0) {
+      std::printf("  memalign's block is not aligned\n");
+    }
+    std::free(m);
+    std::free(q);
+    if (r_rc == 0) std::free(r);
+  }
+  // A valid alignment with a size whose padding overflows.
+  errno = 0;
+  void* p = memalign(4096, opaque(SIZE_MAX - 100));
+  std::printf("memalign(4096, SIZE_MAX - 100): %s errno %d\n", p ? "ok" : "NULL", errno);
+  return 0;
+}
+
+volatile bool g_stats_returned = false;
+
+void* stats_thread(void*) {
+  pthread_cancel(pthread_self());  // deferred: pending until a cancellation point
+  malloc_stats();
+  g_stats_returned = true;
+  pthread_testcancel();
+  return nullptr;
+}
+
+int mode_stats_cancel() {
+  pthread_t t;
+  if (pthread_create(&t, nullptr, stats_thread, nullptr) != 0) return 1;
+  void* result = nullptr;
+  pthread_join(t, &result);
+  std::printf("malloc_stats %s; the thread %s\n",
+              g_stats_returned ? "returned" : "did not return",
+              result == PTHREAD_CANCELED ? "was cancelled" : "ran on");
+  return 0;
+}
+
+int mode_impossible() {
+  int refused = 0;
+  int wrong = 0;
+  for (std::size_t k = 0; k < 4096; k += 64) {
+    const std::size_t size = opaque(SIZE_MAX - k);
+    errno = 0;
+    void* p = std::malloc(size);
+    (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+    errno = 0;
+    p = std::calloc(1, size);
+    (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+    errno = 0;
+    p = memalign(64, size);
+    (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+    void* keep = std::malloc(32);
+    errno = 0;
+    p = g_realloc(keep, size);
+    (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+    std::free(keep);  // a failed realloc leaves the block as it was
+    errno = 0;
+    p = std::malloc(opaque(static_cast<std::size_t>(PTRDIFF_MAX) + 1 + k));
+    (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+  }
+  std::printf("impossible sizes: %d refused with ENOMEM, %d otherwise\n", refused, wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+constexpr int kBlocks = 384;
+constexpr std::size_t kBlockBytes = 64 * 1024;
+
+unsigned char pattern(int block, std::size_t i) {
+  return static_cast<unsigned char>((block * 131 + i * 7 + 1) & 0xff) | 1;  // never 0
+}
+
+int mode_fork_limit(long mib) {
+  unsigned char* blocks[kBlocks];
+  for (int b = 0; b < kBlocks; ++b) {
+    blocks[b] = static_cast<unsigned char*>(std::malloc(kBlockBytes));
+    if (blocks[b] == nullptr) return 2;
+    for (std::size_t i = 0; i < kBlockBytes; ++i) blocks[b][i] = pattern(b, i);
+  }
+  unsigned long pages = 0;
+  FILE* statm = std::fopen("/proc/self/statm", "r");
+  if (statm == nullptr || std::fscanf(statm, "%lu", &pages) != 1) return 2;
+  std::fclose(statm);
+  struct rlimit lim {};
+  lim.rlim_cur = lim.rlim_max =
+      static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) +
+      (static_cast<rlim_t>(mib) << 20);
+  if (setrlimit(RLIMIT_AS, &lim) != 0) {
+    std::perror("setrlimit");
+    return 2;
+  }
+  struct rlimit fsize_before {};
+  getrlimit(RLIMIT_FSIZE, &fsize_before);
+  auto same_fsize = [&fsize_before] {
+    struct rlimit now {};
+    getrlimit(RLIMIT_FSIZE, &now);
+    return now.rlim_cur == fsize_before.rlim_cur && now.rlim_max == fsize_before.rlim_max;
+  };
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid != 0 && !same_fsize()) std::printf("the parent's RLIMIT_FSIZE changed\n");
+  if (pid < 0) {
+    // Allowed: a fork that cannot give the child its heap fails, cleanly.
+    std::printf("fork failed: %s\n", errno == ENOMEM ? "ENOMEM" : std::strerror(errno));
+    return 0;
+  }
+  if (pid == 0) {
+    long wrong = 0;
+    for (int b = 0; b < kBlocks; ++b) {
+      for (std::size_t i = 0; i < kBlockBytes; ++i) wrong += blocks[b][i] != pattern(b, i);
+    }
+    if (!same_fsize()) _exit(4);
+    _exit(wrong == 0 ? 0 : 3);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) {
+    std::printf("fork: the child found every byte\n");
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+    std::printf("fork: THE CHILD READ WRONG DATA\n");
+    return 1;
+  } else if (WIFEXITED(status) && WEXITSTATUS(status) == 4) {
+    std::printf("fork: the child's RLIMIT_FSIZE differs from its parent's\n");
+    return 1;
+  } else {
+    std::printf("fork: the child died (%s %d)\n", WIFSIGNALED(status) ? "signal" : "exit",
+                WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+    return 1;
+  }
+  for (int b = 0; b < kBlocks; ++b) std::free(blocks[b]);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "align") == 0) return mode_align();
+  if (argc >= 2 && std::strcmp(argv[1], "stats-cancel") == 0) return mode_stats_cancel();
+  if (argc >= 2 && std::strcmp(argv[1], "impossible") == 0) return mode_impossible();
+  if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
+    return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
+  }
+  std::fprintf(stderr, "usage: promise_probe align|stats-cancel|impossible|fork-limit MiB\n");
+  return 2;
+}
