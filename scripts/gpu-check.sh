@@ -401,7 +401,7 @@ for dir in "$prebuilt" "$root/build"; do
 done
 e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-python-threads
            fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
-           own-context fork-cross-free errno fork-signal fork-signal-threads)
+           own-context fork-cross-free errno promises fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))
 e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
 [ "$left" -lt "$e2e_budget" ] && e2e_budget=$(( left > 0 ? left : 0 ))
@@ -428,6 +428,7 @@ else
         MNEMOSYNE_LIB="$lib" FAKECUDA_LIB="$driver" ALLOC_PROBE="$tree/tests/e2e/alloc_probe" \
         THREAD_CHURN="$tree/tests/e2e/thread_churn" FORK_PROBE="$tree/tests/e2e/fork_probe" \
         FORK_RACE_PROBE="$tree/tests/e2e/fork_race_probe" ERRNO_PROBE="$tree/tests/e2e/errno_probe" \
+        PROMISE_PROBE="$tree/tests/e2e/promise_probe" \
         FAULT_PROBE="$tree/tests/e2e/fault_probe" STRESS_PROBE="$tree/tests/e2e/stress_probe" \
         DLOPEN_PROBE="$tree/tests/e2e/dlopen_probe" CTOR_LIB="$tree/tests/e2e/libctor_alloc.so" \
         SIZE_ROUTE_PROBE="$tree/tests/e2e/size_route_probe" MNEMOSYNE_LAUNCHER="$launcher" \
