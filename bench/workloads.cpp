@@ -5,8 +5,6 @@
 // wrote, and prints one line: "<name> ok <checksum>".
 //
 //   workloads NAME [SCALE]     SCALE (default 1.0) multiplies the work
-#include <errno.h>
-
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -302,15 +300,16 @@ std::uint64_t realloc_grow(double scale) {
 }
 
 // Requests no allocator can serve (a size computed from corrupt input, or
-// a probe for the limit): each must fail fast, with ENOMEM.
+// a probe for the limit): each must fail, and fast. (Which errno each
+// allocator sets is not timed here: Debian's mimalloc sets EOVERFLOW;
+// mnemosyne's ENOMEM is checked by the e2e promises case.)
 std::uint64_t impossible(double scale) {
   const long n = static_cast<long>(2000000 * scale);
   volatile std::size_t base = SIZE_MAX;  // the compiler must not see the sizes
   std::uint64_t refused = 0;
   for (long i = 0; i < n; ++i) {
-    errno = 0;
     void* p = std::malloc(base - static_cast<std::size_t>(i % 4096));
-    if (p != nullptr || errno != ENOMEM) die("an impossible size was not refused with ENOMEM");
+    if (p != nullptr) die("an impossible size was served");
     ++refused;
   }
   return refused;
