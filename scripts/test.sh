@@ -84,6 +84,11 @@ windows_job() {
   WINEPREFIX="$prefix" wineserver -k 2>/dev/null || true
   rm -rf "$prefix"
   WINEPREFIX="$prefix" WINEDEBUG=-all wineboot -i >/dev/null 2>&1 || true
+  # One persistent wineserver for the whole job: by default it exits a few
+  # seconds after its last client, and a test starting wine just then loses
+  # its connection ("wine client error:0: recvmsg: Connection reset by
+  # peer", exit 1, the program never run): seen in clean CI runs.
+  WINEPREFIX="$prefix" wineserver -p 2>/dev/null || true
   WINEPREFIX="$prefix" WINEDEBUG=-all run_suite build-win --num-processes 2 || status=1
   WINEPREFIX="$prefix" wineserver -k 2>/dev/null || true
   echo "Windows job: $((SECONDS - start)) s"
