@@ -117,10 +117,12 @@ void* map_anonymous(std::size_t size) noexcept {
 // addresses): over the limit, ftruncate and pwrite fail with EFBIG and the
 // kernel sends the thread SIGXFSZ, whose default action kills the program.
 // So for the copy the soft limit is lifted to the hard one, and put back
-// before the fork itself (the child inherits the program's own); other
-// threads are held or diverted meanwhile. With a finite hard limit the
-// image cannot be made at all: open_image fails, and so does the fork
-// (ENOMEM) where the wrapper can still refuse it.
+// before the fork itself (the child inherits the program's own). The limit
+// is the process's: while the early copy runs (before other threads are
+// held), a file another thread writes past the program's soft limit is not
+// stopped by it. With a finite hard limit the image cannot be made at all:
+// open_image fails, and so does the fork (ENOMEM) where the wrapper can
+// still refuse it.
 constinit rlim_t g_fsize_soft = RLIM_INFINITY;  // the program's, while lifted
 constinit bool g_fsize_lifted = false;
 
