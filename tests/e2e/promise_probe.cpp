@@ -60,10 +60,11 @@ int mode_align() {
     errno = 0;
     const int r_rc = posix_memalign(&r, a, 64);
     const int r_errno = errno;
-    std::printf("alignment %#zx: memalign %s errno %d, aligned_alloc %s errno %d, "
-                "posix_memalign %d errno %d\n",
-                a, m != nullptr ? "ok" : "NULL", m_errno, q != nullptr ? "ok" : "NULL", q_errno,
-                r_rc, r_errno);
+    std::printf(
+        "alignment %#zx: memalign %s errno %d, aligned_alloc %s errno %d, "
+        "posix_memalign %d errno %d\n",
+        a, m != nullptr ? "ok" : "NULL", m_errno, q != nullptr ? "ok" : "NULL", q_errno, r_rc,
+        r_errno);
     if (m != nullptr && a > 1 && (reinterpret_cast<std::uintptr_t>(m) & (a - 1)) != 0 &&
         (a & (a - 1)) == 0) {
       std::printf("  memalign's block is not aligned\n");
@@ -94,8 +95,7 @@ int mode_stats_cancel() {
   if (pthread_create(&t, nullptr, stats_thread, nullptr) != 0) return 1;
   void* result = nullptr;
   pthread_join(t, &result);
-  std::printf("malloc_stats %s; the thread %s\n",
-              g_stats_returned ? "returned" : "did not return",
+  std::printf("malloc_stats %s; the thread %s\n", g_stats_returned ? "returned" : "did not return",
               result == PTHREAD_CANCELED ? "was cancelled" : "ran on");
   return 0;
 }
