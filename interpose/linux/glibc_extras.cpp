@@ -1,7 +1,7 @@
 // glibc's malloc extensions, with results that make sense for the arena:
-// mallinfo/mallinfo2 report the arena's committed and in-use bytes (from
-// mimalloc's process statistics), malloc_trim collects free memory, mallopt
-// accepts and ignores glibc's tuning knobs, malloc_stats prints a summary.
+// mallinfo/mallinfo2 report what the heap holds and what is in use in it,
+// malloc_trim collects free memory, mallopt accepts and ignores glibc's
+// tuning knobs, malloc_stats prints a summary.
 #include <malloc.h>
 #include <pthread.h>
 #include <unistd.h>
@@ -13,27 +13,38 @@
 
 #include "arena/arena.hpp"
 #include "backend/backend_id.hpp"
+#include "libc.hpp"
 #include "mode.hpp"
 
 using namespace mnemosyne;
 
 namespace {
 
-struct Usage {
-  std::size_t reserved;  // bytes of segments taken from backends
-  std::size_t in_use;    // bytes of live blocks (approximate, mimalloc's view)
-};
-
-Usage usage() noexcept {
-  arena::Stats s;
-  arena::stats(&s);
-  Usage u{0, 0};
-  for (int i = 0; i < kBackendCount; ++i) u.reserved += s.bytes_reserved[i];
-  std::size_t elapsed, user, sys, current_rss, peak_rss, current_commit, peak_commit, faults;
-  mi_process_info(&elapsed, &user, &sys, &current_rss, &peak_rss, &current_commit, &peak_commit,
-                  &faults);
-  u.in_use = current_commit < u.reserved ? current_commit : u.reserved;
-  return u;
+// glibc's fields mean: `arena` the bytes its heap holds outside mmapped
+// chunks, `uordblks`/`fordblks` the bytes in use/free in them, `hblks`/
+// `hblkhd` the mmapped chunks (large blocks, one mapping each) and their
+// bytes; a program watching its heap reads uordblks + hblkhd as "in use".
+// The arena maps onto that as: arenas are glibc's heap (held bytes, blocks in
+// use as mimalloc's pages count them), dedicated blocks are its mmapped
+// chunks. What glibc's own heap serves in this process (memory from before
+// our start, from inside driver calls, the host fallback, or everything when
+// the arena is off) is added as glibc reports it.
+struct mallinfo2 heap_info() noexcept {
+  struct mallinfo2 info;
+  std::memset(&info, 0, sizeof info);
+  struct mallinfo2 glibc;
+  if (linux_host::mallinfo2(&glibc)) info = glibc;
+  if (!arena_mode()) return info;  // a child that lost its heap must not read it
+  if (current_mode() == Mode::held) wait_while_held();
+  arena::Usage u;
+  arena::usage(&u);
+  const std::size_t in_use = u.arena_in_use < u.arena_held ? u.arena_in_use : u.arena_held;
+  info.arena += u.arena_held;
+  info.uordblks += in_use;
+  info.fordblks += u.arena_held - in_use;
+  info.hblks += u.dedicated_blocks;
+  info.hblkhd += u.dedicated_in_use;
+  return info;
 }
 
 }  // namespace
@@ -41,23 +52,26 @@ Usage usage() noexcept {
 extern "C" {
 
 __attribute__((visibility("default"))) struct mallinfo2 mallinfo2() noexcept {
-  struct mallinfo2 info;
-  std::memset(&info, 0, sizeof info);
-  const Usage u = usage();
-  info.arena = u.reserved;
-  info.uordblks = u.in_use;
-  info.fordblks = u.reserved - u.in_use;
-  return info;
+  return heap_info();
 }
 
+// The int fields of the old interface wrap past 2 GiB in glibc; here they
+// stop at INT_MAX, which no program can mistake for a small heap.
 __attribute__((visibility("default"))) struct mallinfo mallinfo() noexcept {
-  const struct mallinfo2 wide = mallinfo2();
+  const struct mallinfo2 wide = heap_info();
   struct mallinfo info;
   std::memset(&info, 0, sizeof info);
   auto clamp = [](std::size_t v) { return v > 0x7fffffff ? 0x7fffffff : static_cast<int>(v); };
   info.arena = clamp(wide.arena);
+  info.ordblks = clamp(wide.ordblks);
+  info.smblks = clamp(wide.smblks);
+  info.hblks = clamp(wide.hblks);
+  info.hblkhd = clamp(wide.hblkhd);
+  info.usmblks = clamp(wide.usmblks);
+  info.fsmblks = clamp(wide.fsmblks);
   info.uordblks = clamp(wide.uordblks);
   info.fordblks = clamp(wide.fordblks);
+  info.keepcost = clamp(wide.keepcost);
   return info;
 }
 
@@ -72,11 +86,12 @@ __attribute__((visibility("default"))) int mallopt(int, int) noexcept {
 }
 
 __attribute__((visibility("default"))) void malloc_stats() noexcept {
-  const Usage u = usage();
+  const struct mallinfo2 info = heap_info();
   char line[256];
-  const int n = std::snprintf(line, sizeof line,
-                              "mnemosyne: backend %s, reserved %zu bytes, in use %zu bytes\n",
-                              backend_name(arena::active_backend()), u.reserved, u.in_use);
+  const int n =
+      std::snprintf(line, sizeof line, "mnemosyne: backend %s, held %zu bytes, in use %zu bytes\n",
+                    backend_name(arena_mode() ? arena::active_backend() : BackendId::host),
+                    info.arena + info.hblkhd, info.uordblks + info.hblkhd);
   // write() is a cancellation point and glibc's malloc_stats is not: with
   // a cancellation pending the line would be lost and the thread cancelled
   // here. Cancellation is held off around it, as glibc holds it off around

@@ -8,17 +8,28 @@
 namespace mnemosyne::linux_host {
 namespace {
 using UsableFn = std::size_t (*)(void*);
+using MallinfoFn = struct mallinfo2 (*)();
 std::atomic<UsableFn> g_usable{nullptr};
+std::atomic<MallinfoFn> g_mallinfo2{nullptr};
 }  // namespace
 
 // glibc's own, from libc itself rather than RTLD_NEXT: whatever else is
 // loaded between mnemosyne and libc (another interposer, a sanitizer's
-// runtime) may define malloc_usable_size for blocks that are not glibc's,
-// and the blocks asked about here came from __libc_malloc.
+// runtime) may define malloc_usable_size or mallinfo2 for blocks that are
+// not glibc's, and the blocks asked about here came from __libc_malloc.
 void resolve() noexcept {
   void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
-  void* fn = libc != nullptr ? dlsym(libc, "malloc_usable_size") : nullptr;
-  g_usable.store(reinterpret_cast<UsableFn>(fn));
+  void* usable = libc != nullptr ? dlsym(libc, "malloc_usable_size") : nullptr;
+  void* info = libc != nullptr ? dlsym(libc, "mallinfo2") : nullptr;
+  g_usable.store(reinterpret_cast<UsableFn>(usable));
+  g_mallinfo2.store(reinterpret_cast<MallinfoFn>(info));
+}
+
+bool mallinfo2(struct mallinfo2* out) noexcept {
+  const MallinfoFn fn = g_mallinfo2.load(std::memory_order_acquire);
+  if (fn == nullptr) return false;
+  *out = fn();
+  return true;
 }
 
 std::size_t usable_size(void* ptr) noexcept {

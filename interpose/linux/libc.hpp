@@ -2,6 +2,8 @@
 // from inside driver calls, or in a forked child that lost its heap.
 #pragma once
 
+#include <malloc.h>
+
 #include <cstddef>
 
 extern "C" {
@@ -16,7 +18,11 @@ namespace mnemosyne::linux_host {
 
 // glibc's malloc_usable_size (it has no __libc_ alias); 0 until resolved.
 std::size_t usable_size(void* ptr) noexcept;
-// Resolves what usable_size needs; called once from the constructor.
+// glibc's mallinfo2 (its figures for the blocks glibc's heap serves: memory
+// from before our start, from driver calls, the host fallback); false, with
+// nothing written, when this glibc has none.
+bool mallinfo2(struct mallinfo2* out) noexcept;
+// Resolves what usable_size and mallinfo2 need; called once from the constructor.
 void resolve() noexcept;
 // Whether the glibc this process runs on refuses aligned_alloc alignments
 // that are not powers of two (2.38 and later); read once, on first use.

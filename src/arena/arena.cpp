@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <mimalloc-live.h>
+
 #include "arena/segment_provider.hpp"
 #include "arena/segment_table.hpp"
 #include "arena/state.hpp"
@@ -382,6 +384,24 @@ void stats(Stats* out) noexcept {
   out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
   out->fork_bytes_via_driver = g_state.fork_bytes_via_driver.load(std::memory_order_relaxed);
   out->forked_child = g_state.forked_child;
+}
+
+void usage(Usage* out) noexcept {
+  *out = Usage{};
+  SpinGuard guard(g_state.table.lock());
+  const SegmentTable::Entry* entries = g_state.table.entries();
+  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+    const SegmentTable::Entry& e = entries[i];
+    if (!e.used) continue;
+    if (e.dedicated) {
+      out->dedicated_blocks += 1;
+      out->dedicated_in_use += e.segment.size;
+      out->dedicated_held += e.segment.raw_size;
+    } else {
+      out->arena_held += e.segment.raw_size;
+      out->arena_in_use += mnemosyne_mi_arena_in_use(e.segment.start);
+    }
+  }
 }
 
 }  // namespace mnemosyne::arena

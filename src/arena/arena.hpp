@@ -151,6 +151,19 @@ struct Stats {
 };
 void stats(Stats* out) noexcept;
 
+// What the heap holds now, for mallinfo2 and malloc_stats: arenas (held
+// from the backends, and the bytes of blocks in use in them, as their pages
+// count them) and dedicated blocks (one segment each, in use while live).
+// Walks every arena's page tables: a slow call, no lock of the fast path.
+struct Usage {
+  std::uint64_t arena_held = 0;
+  std::uint64_t arena_in_use = 0;
+  std::uint64_t dedicated_blocks = 0;
+  std::uint64_t dedicated_in_use = 0;  // their usable bytes
+  std::uint64_t dedicated_held = 0;    // what the backends gave for them
+};
+void usage(Usage* out) noexcept;
+
 // Why the first request went to the host heap instead of the backend; ""
 // when none did.
 const char* fallback_reason() noexcept;

@@ -9,6 +9,11 @@
 //                              cancellation point instead
 //   promise_probe impossible   malloc/calloc/realloc/memalign of sizes no
 //                              allocator serves: NULL and ENOMEM each time
+//   promise_probe mallinfo     mallinfo2/mallinfo while the program allocates
+//                              and frees small blocks, a large one, and blocks
+//                              an exited thread left: the bytes in use
+//                              (uordblks + hblkhd) fall by what is freed, and
+//                              never exceed what the heap holds (arena + hblkhd)
 //   promise_probe fork-limit MiB
 //                              24 MiB of patterned blocks, RLIMIT_AS at the
 //                              process's size plus MiB, fork: either fork
@@ -195,15 +200,97 @@ int mode_fork_limit(long mib) {
   return 0;
 }
 
+// What a program watching its heap reads from mallinfo2.
+struct Heap {
+  std::size_t in_use;
+  std::size_t held;
+};
+Heap heap_now() {
+  const struct mallinfo2 m = mallinfo2();
+  return Heap{m.uordblks + m.hblkhd, m.arena + m.hblkhd};
+}
+
+int g_mallinfo_failures = 0;
+void say(const char* what, bool ok) {
+  std::printf("%s: %s\n", what, ok ? "yes" : "NO");
+  if (!ok) ++g_mallinfo_failures;
+}
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+char* volatile g_keep;
+constexpr std::size_t kSmall = 4000;
+constexpr int kSmallCount = static_cast<int>(96 * kMiB / kSmall);
+
+void* thread_leaves_blocks(void* out) {
+  void** blocks = static_cast<void**>(out);
+  for (int i = 0; i < kSmallCount / 3; ++i) {
+    blocks[i] = std::malloc(kSmall);
+    std::memset(blocks[i], 1, kSmall);
+  }
+  return nullptr;
+}
+
+// Each figure is compared between two moments with no driver call between
+// them: growing the heap calls the driver, whose own host memory (glibc's,
+// counted too) comes and goes with its calls.
+int mode_mallinfo() {
+  static void* blocks[kSmallCount];
+  const std::size_t small_total = kSmallCount * kSmall;
+
+  for (int i = 0; i < kSmallCount; ++i) {
+    blocks[i] = std::malloc(kSmall);
+    std::memset(blocks[i], 2, kSmall);
+  }
+  const Heap filled = heap_now();
+  say("in use <= held", filled.in_use <= filled.held);
+  // Deprecated, and still what older programs call.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  const struct mallinfo old = mallinfo();
+#pragma GCC diagnostic pop
+  say("mallinfo (int) counts them too",
+      static_cast<std::size_t>(old.uordblks) + static_cast<std::size_t>(old.hblkhd) >= small_total);
+  for (int i = 0; i < kSmallCount; ++i) std::free(blocks[i]);
+  const Heap freed = heap_now();
+  say("96 MiB of small blocks, freed: in use fell by at least 90% of that",
+      filled.in_use >= freed.in_use + small_total / 10 * 9);
+  say("96 MiB of small blocks, freed: in use fell by less than twice that",
+      filled.in_use < freed.in_use + 2 * small_total);
+
+  const std::size_t large_size = 256 * kMiB;
+  char* large = static_cast<char*>(std::malloc(large_size));
+  std::memset(large, 3, large_size);
+  g_keep = large;  // the compiler may not drop the block
+  const Heap with_large = heap_now();
+  say("in use <= held", with_large.in_use <= with_large.held);
+  std::free(large);
+  const Heap without_large = heap_now();
+  say("a 256 MiB block, freed: in use fell by at least that",
+      with_large.in_use >= without_large.in_use + large_size);
+
+  pthread_t thread;
+  pthread_create(&thread, nullptr, thread_leaves_blocks, blocks);
+  pthread_join(thread, nullptr);
+  const Heap left = heap_now();
+  const std::size_t left_total = (kSmallCount / 3) * kSmall;
+  for (int i = 0; i < kSmallCount / 3; ++i) std::free(blocks[i]);
+  const Heap left_freed = heap_now();
+  say("32 MiB an exited thread left, freed here: in use fell by at least 90% of that",
+      left.in_use >= left_freed.in_use + left_total / 10 * 9);
+  return g_mallinfo_failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "align") == 0) return mode_align();
   if (argc >= 2 && std::strcmp(argv[1], "stats-cancel") == 0) return mode_stats_cancel();
   if (argc >= 2 && std::strcmp(argv[1], "impossible") == 0) return mode_impossible();
+  if (argc >= 2 && std::strcmp(argv[1], "mallinfo") == 0) return mode_mallinfo();
   if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
     return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
   }
-  std::fprintf(stderr, "usage: promise_probe align|stats-cancel|impossible|fork-limit MiB\n");
+  std::fprintf(stderr,
+               "usage: promise_probe align|stats-cancel|impossible|mallinfo|fork-limit MiB\n");
   return 2;
 }

@@ -683,10 +683,12 @@ def case_errno(tmp, backend):
 def case_promises(tmp, backend):
     """What glibc promises where calls fail or report: memalign/aligned_alloc/
     posix_memalign's result and errno for every kind of invalid alignment,
-    malloc_stats with a cancellation pending (it prints and returns),
+    mallinfo2/mallinfo following allocations and frees, malloc_stats with a cancellation pending (it prints and returns),
     impossible sizes (NULL and ENOMEM), and a fork under RLIMIT_AS that
     either fails with ENOMEM or gives a child every byte."""
     twice(tmp, backend, [PROMISE_PROBE, "align"], "promise_probe align")
+    _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "mallinfo"], "promise_probe mallinfo")
+    expect(mine.returncode == 0 and b"NO" not in mine.stdout, f"mallinfo2: {mine.stdout!r}")
     _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "impossible"], "promise_probe impossible")
     expect(mine.stdout.endswith(b", 0 otherwise\n"), f"impossible sizes: {mine.stdout!r}")
     _, base, mine = twice(tmp, backend, [PROMISE_PROBE, "stats-cancel"], "malloc_stats",

@@ -218,6 +218,53 @@ TEST(Arena, HugeAndOveralignedRequestsGetDedicatedSegments) {
   });
 }
 
+// What mallinfo2 reports: blocks in use at their size class, counted from
+// the arenas' pages, whatever thread allocated or freed them; dedicated
+// blocks apart.
+TEST(Arena, UsageFollowsBlocksInUse) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    arena::Usage start;
+    arena::usage(&start);
+    constexpr int kThreads = 4;
+    constexpr int kBlocks = 5000;
+    constexpr std::size_t kSize = 1000;
+    std::vector<std::vector<void*>> blocks(kThreads, std::vector<void*>(kBlocks));
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&blocks, t] {
+        for (void*& p : blocks[t]) p = arena::alloc(kSize);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    arena::Usage filled;
+    arena::usage(&filled);
+    const std::uint64_t total = kThreads * kBlocks * kSize;
+    EXPECT_GE(filled.arena_in_use, start.arena_in_use + total);
+    EXPECT_LT(filled.arena_in_use, start.arena_in_use + 2 * total);
+    EXPECT_LE(filled.arena_in_use, filled.arena_held);
+    // Freed here, on another thread than the (exited) one that allocated.
+    for (auto& list : blocks) {
+      for (void* p : list) arena::free(p, owner_tag(p));
+    }
+    arena::Usage freed;
+    arena::usage(&freed);
+    EXPECT_LE(freed.arena_in_use, start.arena_in_use + total / 10);
+
+    void* huge = arena::alloc(std::size_t{1100} * kMiB);
+    ASSERT_NE(huge, nullptr);
+    arena::Usage with_huge;
+    arena::usage(&with_huge);
+    EXPECT_EQ(with_huge.dedicated_blocks, freed.dedicated_blocks + 1);
+    EXPECT_GE(with_huge.dedicated_in_use, freed.dedicated_in_use + std::size_t{1100} * kMiB);
+    EXPECT_GE(with_huge.dedicated_held, with_huge.dedicated_in_use);
+    arena::free(huge, owner_tag(huge));
+    arena::Usage after;
+    arena::usage(&after);
+    EXPECT_EQ(after.dedicated_blocks, freed.dedicated_blocks);
+  });
+}
+
 TEST(Arena, ReallocKeepsContentsAcrossSegments) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));

@@ -24,6 +24,17 @@ typedef void (*mnemosyne_mi_range_fn)(void* start, size_t size, void* arg);
  * Allocates nothing, takes no lock, calls nothing but visit. */
 int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit, void* arg);
 
+/* The bytes of the blocks in use in the arena that starts at arena_start
+ * (0 when there is none), as their pages count them. A block another thread
+ * freed onto its page counts as free at once; one freed into a running
+ * thread's full page counts until that thread next allocates (mimalloc keeps
+ * those in that thread's heap, which only that thread may read). Each block
+ * counts at its size class (what malloc_usable_size reports). Other threads
+ * may be allocating meanwhile: the sum is a snapshot, slightly off for pages
+ * changed during the walk. Same constraints as the walk above. For mallinfo2
+ * and malloc_stats. */
+size_t mnemosyne_mi_arena_in_use(const void* arena_start);
+
 /* In a forked child whose heap was copied before the fork's system call,
  * before anything else uses the heap: makes mimalloc's cross-thread state
  * consistent with what the child inherited at the fork itself. Between the

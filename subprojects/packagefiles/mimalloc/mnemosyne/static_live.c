@@ -65,10 +65,39 @@ static void mnemosyne_report(uint8_t* start, uint8_t* end, uint8_t* lo, uint8_t*
   if (e > s) visit(s, (size_t)(e - s), arg);
 }
 
+/* One walk over an arena: the live ranges go to `visit` (when set), and the
+ * bytes of blocks in use are summed. */
+typedef struct mnemosyne_walk_s {
+  mnemosyne_mi_range_fn visit;
+  void* arg;
+  size_t in_use;
+} mnemosyne_walk_t;
+
+/* The number of blocks on `page`'s list of blocks other threads freed, at
+ * most `limit`. The owner may be taking the list meanwhile (and relinking
+ * its blocks into its own free list): the walk follows only links to blocks
+ * of this page, at most `limit` of them, so it ends and reads nothing outside
+ * the page, and its count is then a snapshot of a list in motion. */
+static size_t mnemosyne_thread_freed(mi_page_t* page, uint8_t* start, size_t bsize,
+                                     size_t handed_out, size_t limit) {
+  size_t n = 0;
+  const mi_block_t* block = mi_tf_block(mi_atomic_load_relaxed(&page->xthread_free));
+  while (block != NULL && n < limit) {
+    const uint8_t* b = (const uint8_t*)block;
+    if (b < start || b >= start + handed_out || (size_t)(b - start) % bsize != 0) break;
+    n++;
+#ifdef MI_ENCODE_FREELIST
+    block = mi_block_nextx(page, block, page->keys);
+#else
+    block = mi_block_nextx(page, block, NULL);
+#endif
+  }
+  return n;
+}
+
 /* One segment at `segment`, at most `room` bytes long (what is left of the
  * arena). Returns the number of arena blocks it spans (at least 1). */
-static size_t mnemosyne_segment_live(mi_segment_t* segment, size_t room,
-                                     mnemosyne_mi_range_fn visit, void* arg) {
+static size_t mnemosyne_segment_walk(mi_segment_t* segment, size_t room, mnemosyne_walk_t* walk) {
   /* The fields are read once each: another thread may change them. */
   const volatile mi_segment_t* vs = segment;
   const size_t segment_slices = vs->segment_slices;
@@ -77,9 +106,11 @@ static size_t mnemosyne_segment_live(mi_segment_t* segment, size_t room,
   if (vs->cookie != _mi_ptr_cookie(segment) || segment_slices == 0 || info_slices == 0 ||
       info_slices > segment_slices) {
     /* Not a segment header (being written right now, or never): copy the
-     * arena block whole rather than guess. */
-    mnemosyne_report((uint8_t*)segment, (uint8_t*)segment + MI_ARENA_BLOCK_SIZE,
-                     (uint8_t*)segment, (uint8_t*)segment + room, visit, arg);
+     * arena block whole rather than guess; no block in it is counted. */
+    if (walk->visit != NULL) {
+      mnemosyne_report((uint8_t*)segment, (uint8_t*)segment + MI_ARENA_BLOCK_SIZE,
+                       (uint8_t*)segment, (uint8_t*)segment + room, walk->visit, walk->arg);
+    }
     return 1;
   }
   size_t bytes = segment_slices * MI_SEGMENT_SLICE_SIZE;
@@ -89,13 +120,16 @@ static size_t mnemosyne_segment_live(mi_segment_t* segment, size_t room,
   if (entries > MI_SLICES_PER_SEGMENT) entries = MI_SLICES_PER_SEGMENT;
 
   /* The segment's own metadata: header, slice table, span queues. */
-  mnemosyne_report(lo, lo + info_slices * MI_SEGMENT_SLICE_SIZE, lo, hi, visit, arg);
+  if (walk->visit != NULL) {
+    mnemosyne_report(lo, lo + info_slices * MI_SEGMENT_SLICE_SIZE, lo, hi, walk->visit, walk->arg);
+  }
 
   for (size_t i = info_slices; i < entries;) {
     const volatile mi_slice_t* slice = &segment->slices[i];
     size_t count = slice->slice_count;
     const size_t xblock = slice->xblock_size;
     const size_t capacity = slice->capacity;
+    size_t used = slice->used;
     if (count == 0 || count > entries - i) count = entries - i;
     if (xblock > 0 && capacity > 0) { /* a page in use: its blocks handed out so far */
       /* psize comes from the slice's own count: a huge page spans more slices
@@ -104,16 +138,23 @@ static size_t mnemosyne_segment_live(mi_segment_t* segment, size_t room,
       uint8_t* start = _mi_segment_page_start_from_slice(segment, (const mi_slice_t*)slice, xblock,
                                                          &psize);
       size_t bsize = xblock < MI_HUGE_BLOCK_SIZE ? xblock : psize;
-      size_t used = capacity * bsize;
-      if (used > psize || used / bsize != capacity) used = psize;
-      mnemosyne_report(start, start + used, lo, hi, visit, arg);
+      size_t handed_out = capacity * bsize;
+      if (handed_out > psize || handed_out / bsize != capacity) handed_out = psize;
+      if (walk->visit != NULL) {
+        mnemosyne_report(start, start + handed_out, lo, hi, walk->visit, walk->arg);
+      }
+      /* `used` counts the page's blocks its owner has not seen freed: less
+       * those other threads freed onto the page's own list. */
+      if (used > capacity) used = capacity;
+      used -= mnemosyne_thread_freed((mi_page_t*)slice, start, bsize, handed_out, used);
+      walk->in_use += used * bsize;
     }
     i += count;
   }
   return _mi_divide_up(bytes, MI_ARENA_BLOCK_SIZE);
 }
 
-int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit, void* arg) {
+static int mnemosyne_arena_walk(const void* arena_start, mnemosyne_walk_t* walk) {
   const size_t count = mi_atomic_load_acquire(&mi_arena_count);
   for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
     mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
@@ -128,11 +169,22 @@ int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit
         continue;
       }
       mi_segment_t* segment = (mi_segment_t*)(start + b * MI_ARENA_BLOCK_SIZE);
-      b += mnemosyne_segment_live(segment, (blocks - b) * MI_ARENA_BLOCK_SIZE, visit, arg);
+      b += mnemosyne_segment_walk(segment, (blocks - b) * MI_ARENA_BLOCK_SIZE, walk);
     }
     return 1;
   }
   return 0;
+}
+
+int mnemosyne_mi_arena_live(const void* arena_start, mnemosyne_mi_range_fn visit, void* arg) {
+  mnemosyne_walk_t walk = {visit, arg, 0};
+  return mnemosyne_arena_walk(arena_start, &walk);
+}
+
+size_t mnemosyne_mi_arena_in_use(const void* arena_start) {
+  mnemosyne_walk_t walk = {NULL, NULL, 0};
+  mnemosyne_arena_walk(arena_start, &walk);
+  return walk.in_use;
 }
 
 void mnemosyne_mi_fork_child(void) {
