@@ -25,6 +25,21 @@ for arg in "$@"; do
   esac
 done
 
+# Each phase's header; the previous phase's time is printed first, so a
+# slow machine shows where the time went.
+phase_name=""
+phase_start=$SECONDS
+phase() {  # header (empty: close the last phase)
+  if [ -n "$phase_name" ]; then
+    echo "   ($phase_name: $((SECONDS - phase_start)) s)"
+  fi
+  phase_name=${1#== }
+  phase_name=${phase_name%%:*}
+  phase_name=${phase_name%% (*}
+  phase_start=$SECONDS
+  if [ -n "$1" ]; then echo "$1"; fi
+}
+
 if [ "$under_load" = 1 ]; then
   # Loops that never sleep, at the suite's own priority: what another job
   # on a shared build machine does to it.
@@ -37,6 +52,7 @@ if [ "$under_load" = 1 ]; then
   echo "== under load: ${#load_pids[@]} busy loops beside the suite (pids ${load_pids[*]})"
 fi
 
+phase "== set-up (scripts/setup.sh: packages, mimalloc's source)"
 scripts/setup.sh
 
 configure() {  # dir, extra meson options...
@@ -74,8 +90,7 @@ PY
 
 status=0
 windows_job() {
-  echo "== Windows: mnemosyne.dll and the injector (mingw-w64), tests under wine"
-  local start=$SECONDS
+  phase "== Windows: mnemosyne.dll and the injector (mingw-w64), tests under wine"
   configure build-win --cross-file scripts/cross/mingw-w64.ini
   ninja -C build-win
   # A fresh WINEPREFIX for every run, made once here and shared by the tests
@@ -91,23 +106,23 @@ windows_job() {
   WINEPREFIX="$prefix" wineserver -p 2>/dev/null || true
   WINEPREFIX="$prefix" WINEDEBUG=-all run_suite build-win --num-processes 2 || status=1
   WINEPREFIX="$prefix" wineserver -k 2>/dev/null || true
-  echo "Windows job: $((SECONDS - start)) s"
 }
 if [ $windows_only -eq 1 ]; then
   windows_job
+  phase ""
   echo "$passed passed, $failed failed"
   exit $status
 fi
 
-echo "== format (clang-format, .clang-format)"
+phase "== format (clang-format, .clang-format)"
 if ! clang-format --dry-run --Werror $(git ls-files '*.cpp' '*.hpp' '*.h'); then
   echo "format: run clang-format -i on the files above"
   status=1; failed=$((failed + 1))
 fi
-echo "== build (release)"
+phase "== build (release)"
 configure build
 ninja -C build
-echo "== tests (release): unit and end-to-end"
+phase "== tests (release): unit and end-to-end"
 run_suite build --num-processes 2 || status=1
 
 if [ $quick -eq 0 ]; then
@@ -115,7 +130,7 @@ if [ $quick -eq 0 ]; then
 fi
 
 if [ $quick -eq 0 ]; then
-  echo "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+  phase "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
   configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
   ninja -C build-asan
   # Sanitizers make the tests several times slower (TSan's shadow memory
@@ -127,7 +142,7 @@ if [ $quick -eq 0 ]; then
   # ASan too; run and install preload the library, which an ASan build cannot.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     run_suite build-asan cli-info cli-help cli-stats || status=1
-  echo "== registry, loader and arena tests under ThreadSanitizer"
+  phase "== registry, loader and arena tests under ThreadSanitizer"
   configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
   ninja -C build-tsan
   TSAN_OPTIONS="halt_on_error=1 allocator_may_return_null=1 suppressions=$root/tests/unit/tsan.supp" \
@@ -139,13 +154,13 @@ if [ $quick -eq 0 ]; then
   # which valgrind replaces), fakecuda-selftest (valgrind does not honour
   # MADV_DONTFORK, which it checks) and fuzz-replay-alloc (valgrind's own
   # memalign stops at 64 MiB alignments, which the harness asks for).
-  echo "== memcheck: the arena, backend and option-fuzz tests under valgrind"
+  phase "== memcheck: the arena, backend and option-fuzz tests under valgrind"
   run_suite build --num-processes 2 --timeout-multiplier 4 \
     --wrapper "valgrind --error-exitcode=99 --trace-children=yes --quiet" \
     arena_test backend_cuda_test backend_host_test backend_loader_test \
     backend_loader_race_test backend_registry_test fuzz-replay-options || status=1
 
-  echo "== fuzzing: libFuzzer with AddressSanitizer + UndefinedBehaviorSanitizer (tests/fuzz)"
+  phase "== fuzzing: libFuzzer with AddressSanitizer + UndefinedBehaviorSanitizer (tests/fuzz)"
   CC=clang CXX=clang++ configure build-fuzz -Dfuzzing=true -Dbuildtype=debugoptimized \
     -Db_sanitize=address,undefined -Db_lundef=false
   ninja -C build-fuzz tests/fuzz/alloc_fuzzer tests/fuzz/options_fuzzer tests/fakecuda/libfakecuda.so
@@ -173,7 +188,7 @@ if [ $quick -eq 0 ]; then
     rm -rf "$scratch"
   done
 
-  echo "== benchmark smoke run (scripts/bench.sh --quick: every workload and allocator once; no figure is checked)"
+  phase "== benchmark smoke run (scripts/bench.sh --quick: every workload and allocator once; no figure is checked)"
   if scripts/bench.sh --quick >build/bench-quick.log 2>&1; then
     echo "bench: ok ($(grep -c '^| ' build/bench-quick/results.md) table rows in build/bench-quick/)"
     passed=$((passed + 1))
@@ -182,7 +197,7 @@ if [ $quick -eq 0 ]; then
     status=1; failed=$((failed + 1))
   fi
 
-  echo "== the README's install line, on a fresh clone"
+  phase "== the README's install line, on a fresh clone"
   line=$(sed -n 's/^    \(meson setup build --prefix=[^ ]* && meson install -C build\)$/\1/p' README.md)
   fresh=$(mktemp -d)
   if [ -z "$line" ]; then
@@ -199,5 +214,6 @@ if [ $quick -eq 0 ]; then
   rm -rf "$fresh"
 fi
 
-echo "$passed passed, $failed failed"
+phase ""
+echo "$passed passed, $failed failed (${SECONDS} s)"
 exit $status
