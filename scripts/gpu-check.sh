@@ -257,6 +257,16 @@ say "|---|---|---|---|"
 zero_status=$(run_step zero-none 120 none "$probe" zero)
 log_rows "$logs/zero-none.log" 'zero kind=' kind fresh? reused? same_address?
 say ""
+setting=$(grep -h '^InitializeSystemMemoryAllocations' /proc/driver/nvidia/params 2>/dev/null ||
+          echo "not readable")
+say "The nvidia module's InitializeSystemMemoryAllocations (pinned memory is zeroed while 1): \`$setting\`."
+say "What mnemosyne concludes (MNEMOSYNE_ZEROED=auto; a \"yes\" where the table above says no is a bug):"
+say ""
+for heap in unified pinned; do
+  run_step "zeroed-$heap" 60 "$heap" env MNEMOSYNE_VERBOSE=1 /bin/true >/dev/null
+  say "- \`$(grep -h 'fresh .* memory reads zero' "$logs/zeroed-$heap.log" | head -1)\`"
+done
+say ""
 say "What a 256 MiB calloc costs (mnemosyne zeroes fresh driver memory on the CPU):"
 say ""
 say "| heap | calloc, ms | reads zero |"
@@ -401,7 +411,7 @@ for dir in "$prebuilt" "$root/build"; do
 done
 e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-python fork-python-threads
            fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
-           own-context fork-cross-free errno promises fork-signal fork-signal-threads)
+           own-context fork-cross-free errno promises calloc fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))
 e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
 [ "$left" -lt "$e2e_budget" ] && e2e_budget=$(( left > 0 ? left : 0 ))

@@ -4,7 +4,9 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/backends.hpp"
 #include "backend/loader.hpp"
+#include "platform/platform.hpp"
 
 namespace mnemosyne {
 
@@ -23,12 +25,15 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: BACKEND=%s DEVICE=%d%s SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu%s "
-                "FALLBACK=%s CONTEXT=%s",
+                "FALLBACK=%s CONTEXT=%s ZEROED=%s",
                 backend_name(o.backend), device, o.device_local_rank ? " (local-rank)" : "",
                 o.size_min, o.size_max, o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
                 o.limit == 0 ? " (none)" : "",
                 o.fallback == config::Fallback::fail ? "fail" : "host",
-                o.context == config::Context::own ? "own" : "primary");
+                o.context == config::Context::own ? "own" : "primary",
+                o.zeroed == config::Zeroed::yes  ? "yes"
+                : o.zeroed == config::Zeroed::no ? "no"
+                                                 : "auto");
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
@@ -52,6 +57,30 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   std::snprintf(line, sizeof line, "mnemosyne: heap on %s%s%.300s", backend_name(report.active),
                 report.reason[0] ? ": " : "", report.reason);
   warn(line);
+  char why[300];
+  const bool zero = fresh_memory_reads_zero(o, report.active, why, sizeof why);
+  std::snprintf(line, sizeof line, "mnemosyne: fresh %s memory reads zero: %s (%s)%s",
+                backend_name(report.active), zero ? "yes" : "no", why,
+                zero ? "" : "; mnemosyne clears what must be zero");
+  warn(line);
+}
+
+bool fresh_memory_reads_zero(const config::Options& o, BackendId backend, char* why,
+                             std::size_t len) noexcept {
+  if (o.zeroed != config::Zeroed::automatic) {
+    std::snprintf(why, len, "MNEMOSYNE_ZEROED=%s", o.zeroed == config::Zeroed::yes ? "yes" : "no");
+    return o.zeroed == config::Zeroed::yes;
+  }
+  // The answer is the backend's (backends.hpp); the reason is said here.
+  const bool zero = with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
+  if (backend == BackendId::host) {
+    std::snprintf(why, len, "anonymous memory from the system is zero-filled");
+  } else if (backend == BackendId::pinned) {
+    Os::nvidia_zeroes_pinned_memory(why, len);
+  } else {
+    std::snprintf(why, len, "the driver documents managed memory as not cleared");
+  }
+  return zero;
 }
 
 namespace {
@@ -90,6 +119,9 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
   cfg.limit = o.limit;
   cfg.fallback =
       o.fallback == config::Fallback::fail ? arena::Fallback::fail : arena::Fallback::host;
+  cfg.zeroed = o.zeroed == config::Zeroed::yes  ? arena::Zeroed::yes
+               : o.zeroed == config::Zeroed::no ? arena::Zeroed::no
+                                                : arena::Zeroed::automatic;
   cfg.host = platform.host;
   cfg.warn = platform.warn;
 

@@ -17,6 +17,11 @@ int choose_device(const config::Options& o) noexcept;
 void print_verbose(const config::Options& o, const arena::StartReport& report, int device, long pid,
                    const char* flavour, void (*warn)(const char* line)) noexcept;
 
+// Whether fresh memory of `backend` reads zero, MNEMOSYNE_ZEROED applied (as
+// the arena decides), with the evidence in `why`.
+bool fresh_memory_reads_zero(const config::Options& o, BackendId backend, char* why,
+                             std::size_t len) noexcept;
+
 // What a start-up needs of its platform.
 struct StartPlatform {
   arena::HostHeap host;  // the arena's host heap

@@ -89,6 +89,19 @@ void describe_refusal(BackendId backend, std::size_t bytes, char* why,
   }
 }
 
+// Whether the segment's fresh memory reads zero, MNEMOSYNE_ZEROED applied.
+bool reads_zero(const Segment& seg) noexcept {
+  switch (g_state.cfg.zeroed) {
+    case Zeroed::yes:
+      return true;
+    case Zeroed::no:
+      return false;
+    case Zeroed::automatic:
+      break;
+  }
+  return seg.fresh_zero;
+}
+
 // Adds an arena of at least `min_bytes`; the caller holds grow_lock.
 bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
   if (g_state.arenas >= kMaxArenas) {
@@ -132,9 +145,12 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   }
   owner_map_set(seg.start, seg.size,
                 static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
-  const bool is_zero = backend == BackendId::host;
+  // Memory not known zero is declared so: mimalloc then clears the
+  // metadata of each segment it carves from it (its arena.c, as patched by
+  // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
+  // blocks.
   if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/true, /*is_large=*/false,
-                              is_zero, /*numa_node=*/-1, /*exclusive=*/false, nullptr)) {
+                              reads_zero(seg), /*numa_node=*/-1, /*exclusive=*/false, nullptr)) {
     Segment removed;
     g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
     release_segment(seg);
@@ -259,7 +275,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
   g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
   g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
   g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
-  if (zero && backend != BackendId::host) std::memset(seg.start, 0, size);
+  if (zero && !reads_zero(seg)) std::memset(seg.start, 0, size);
   return seg.start;
 }
 

@@ -20,6 +20,9 @@
 namespace mnemosyne::arena {
 
 enum class Fallback : std::uint8_t { host, fail };
+// Whether fresh backend memory reads zero: as the backend says, or as the
+// user asserts (MNEMOSYNE_ZEROED).
+enum class Zeroed : std::uint8_t { automatic, yes, no };
 
 // The platform's own allocator (glibc's; the CRT's on Windows): where memory
 // goes that must not or cannot come from the backend.
@@ -35,6 +38,7 @@ struct Config {
   std::size_t first_segment = std::size_t{64} << 20;  // first arena reservation
   std::size_t limit = 0;                              // cap on backend bytes; 0 = none
   Fallback fallback = Fallback::host;
+  Zeroed zeroed = Zeroed::automatic;
   HostHeap host{};
   void (*warn)(const char* line) = nullptr;  // one line, no newline
 };

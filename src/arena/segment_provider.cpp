@@ -35,7 +35,8 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align,
     with_backend(backend, [&]<MemoryBackend B>() { return B::deallocate(raw, raw_size); });
     return false;
   }
-  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend};
+  const bool zero = with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
+  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend, zero};
   return true;
 }
 

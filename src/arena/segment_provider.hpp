@@ -19,6 +19,7 @@ struct Segment {
   void* raw = nullptr;       // what the backend returned
   std::size_t raw_size = 0;  // what was asked of the backend
   BackendId backend = BackendId::none;
+  bool fresh_zero = false;  // the backend says fresh memory reads zero
 };
 
 // Acquires at least `size` bytes (rounded up to 32 MiB) aligned to `align`

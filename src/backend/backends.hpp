@@ -19,6 +19,13 @@ struct ManagedMemory {
   static constexpr bool inherited_by_fork = false;
   static constexpr bool data_off_cpu = true;
   static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
+  // cuMemAllocManaged is documented "The memory is not cleared". NVIDIA's
+  // open kernel modules do zero the pages UVM populates (__GFP_ZERO CPU
+  // chunks, a copy-engine memset of new GPU chunks: uvm_va_block.c,
+  // uvm_pmm_sysmem.c), with no setting to turn it off, but nothing promises
+  // it: not relied on (MNEMOSYNE_ZEROED=yes asserts it; scripts/gpu-check.sh
+  // measures it on hardware).
+  static bool fresh_memory_zero() noexcept { return false; }
 };
 
 // CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
@@ -71,6 +78,9 @@ struct CudaHostPinned : CpuMemory {
   static constexpr BackendId kId = BackendId::pinned;
   static constexpr const char* kName = "pinned";
   static constexpr bool inherited_by_fork = false;
+  // Zero while the nvidia module's InitializeSystemMemoryAllocations is 1
+  // (its default); read once (platform layer), no when it cannot be read.
+  static bool fresh_memory_zero() noexcept;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
@@ -81,6 +91,8 @@ struct Host : CpuMemory {
   static constexpr BackendId kId = BackendId::host;
   static constexpr const char* kName = "host";
   static constexpr bool inherited_by_fork = true;
+  // Anonymous mmap (and VirtualAlloc) memory is documented zero-filled.
+  static bool fresh_memory_zero() noexcept { return true; }
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;

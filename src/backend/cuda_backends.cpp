@@ -143,6 +143,18 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
 
 }  // namespace
 
+bool CudaHostPinned::fresh_memory_zero() noexcept {
+  // -2: not read yet. Two threads may both read the file: same answer.
+  static std::atomic<int> known{-2};
+  int v = known.load(std::memory_order_relaxed);
+  if (v == -2) {
+    char source[256];
+    v = Os::nvidia_zeroes_pinned_memory(source, sizeof source);
+    known.store(v, std::memory_order_relaxed);
+  }
+  return v == 1;
+}
+
 bool ManagedMemory::copy_out(void* dst, const void* src, std::size_t size) noexcept {
   if (size == 0) return true;
   const DriverApi* api = driver_api();

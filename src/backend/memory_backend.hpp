@@ -27,6 +27,11 @@ concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* p
   // `dst` may then hold part of it.
   { B::copy_out(dst, ptr, size) }
   noexcept->std::same_as<bool>;
+  // Whether memory fresh from `allocate` is known to read zero, by the
+  // evidence each backend cites. False makes the arena clear what it needs
+  // zero (mimalloc's segment metadata, calloc's blocks) itself.
+  { B::fresh_memory_zero() }
+  noexcept->std::same_as<bool>;
 } && std::same_as<std::remove_cv_t<decltype(B::kId)>, BackendId> &&
     std::convertible_to<decltype(B::kName), const char*> &&
     // A child created by fork() without exec still sees this memory.

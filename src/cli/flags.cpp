@@ -61,6 +61,7 @@ std::string metavar_of(const config::OptionInfo& info) {
   if (name == "DEVICE") return "N|local-rank";
   if (name == "FALLBACK") return "host|fail";
   if (name == "CONTEXT") return "primary|own";
+  if (name == "ZEROED") return "auto|yes|no";
   switch (info.type) {
     case config::Type::boolean:
       return "";
@@ -87,6 +88,7 @@ std::string syntax_of(const config::OptionInfo& info) {
   if (name == "DEVICE") return "a device ordinal (0, 1, ...) or local-rank";
   if (name == "FALLBACK") return "host or fail";
   if (name == "CONTEXT") return "primary or own";
+  if (name == "ZEROED") return "auto, yes or no";
   switch (info.type) {
     case config::Type::boolean:
       return "a boolean: 1/0, true/false, yes/no, on/off";

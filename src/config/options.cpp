@@ -23,6 +23,7 @@ enum Row : std::size_t {
   kLimit,
   kFallback,
   kContext,
+  kZeroed,
   kVerbose,
   kShowStats,
   kStatsFile,
@@ -65,6 +66,12 @@ constexpr OptionInfo kTable[kRowCount] = {
      "mnemosyne's, which a reset leaves alone, at the device memory of one more context; needs "
      "a CUDA 12.5 driver).",
      "MNEMOSYNE_CONTEXT=own"},
+    {"ZEROED", Type::choice, "auto",
+     "Whether memory fresh from the backend reads zero: auto (host: yes; pinned: what the "
+     "nvidia module's InitializeSystemMemoryAllocations says, no when it cannot be read; "
+     "managed: no, as the driver documents), yes or no. Where it is not zero, mnemosyne clears "
+     "what must be zero itself; yes on a driver that does not zero crashes the process.",
+     "MNEMOSYNE_ZEROED=no"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -107,10 +114,11 @@ constexpr bool row_is(Row row, const char* name) {
 static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is(kSize, "SIZE") &&
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
               row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
-              row_is(kVerbose, "VERBOSE") && row_is(kShowStats, "SHOW_STATS") &&
-              row_is(kStatsFile, "STATS_FILE") && row_is(kCudaDriver, "CUDA_DRIVER") &&
-              row_is(kPrograms, "PROGRAMS") && row_is(kExclude, "EXCLUDE") &&
-              row_is(kWarned, "WARNED") && row_is(kDisable, "DISABLE"));
+              row_is(kZeroed, "ZEROED") && row_is(kVerbose, "VERBOSE") &&
+              row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
+              row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
+              row_is(kExclude, "EXCLUDE") && row_is(kWarned, "WARNED") &&
+              row_is(kDisable, "DISABLE"));
 
 constexpr char kPrefix[] = "MNEMOSYNE_";
 constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
@@ -330,6 +338,19 @@ void Reader::apply(Row row, const Entry& e) noexcept {
         o.context = Context::own;
       } else {
         invalid(row, e, "primary or own");
+      }
+      return;
+    }
+    case kZeroed: {
+      const std::size_t len = detail::length(e.value);
+      if (equals_ci(e.value, len, "auto")) {
+        o.zeroed = Zeroed::automatic;
+      } else if (equals_ci(e.value, len, "yes")) {
+        o.zeroed = Zeroed::yes;
+      } else if (equals_ci(e.value, len, "no")) {
+        o.zeroed = Zeroed::no;
+      } else {
+        invalid(row, e, "auto, yes or no");
       }
       return;
     }

@@ -15,6 +15,7 @@ namespace mnemosyne::config {
 
 enum class Fallback : std::uint8_t { host, fail };
 enum class Context : std::uint8_t { primary, own };
+enum class Zeroed : std::uint8_t { automatic, yes, no };
 
 struct Options {
   bool disable = false;                    // DISABLE
@@ -29,6 +30,7 @@ struct Options {
   std::size_t limit = 0;                           // LIMIT, 0 = none
   Fallback fallback = Fallback::host;              // FALLBACK
   Context context = Context::primary;              // CONTEXT
+  Zeroed zeroed = Zeroed::automatic;               // ZEROED
   bool verbose = false;                            // VERBOSE
   bool show_stats = false;                         // SHOW_STATS
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced

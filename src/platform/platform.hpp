@@ -38,6 +38,10 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // has used so far, by id; 0 when it cannot be read (the thread is gone).
   { P::thread_id() } -> std::same_as<long>;
   { P::thread_cpu_ns(0L) } -> std::same_as<std::uint64_t>;
+  // Whether the NVIDIA kernel module zero-fills the pinned host memory it
+  // hands out (its InitializeSystemMemoryAllocations setting): 1 yes, 0 no,
+  // -1 when this OS or machine does not say. The setting's text goes to buf.
+  { P::nvidia_zeroes_pinned_memory(buf, n) } -> std::same_as<int>;
 }
 &&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
   // The asynchronous signals (every one but the faults a thread raises
@@ -64,6 +68,7 @@ struct Linux {
   static long process_id() noexcept;
   static long thread_id() noexcept;
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
+  static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };
@@ -82,6 +87,7 @@ struct Windows {
   static long process_id() noexcept;
   static long thread_id() noexcept;
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
+  static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}
 };

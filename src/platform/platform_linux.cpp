@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "platform/platform.hpp"
 
@@ -99,6 +100,70 @@ std::uint64_t Linux::thread_cpu_ns(long tid) noexcept {
     ns = ns * 10 + static_cast<std::uint64_t>(text[i] - '0');
   }
   return ns;
+}
+
+namespace {
+
+// The first number after `key` in the file at `path` (a "Key: N" line of
+// /proc/driver/nvidia/params, or the lone number of a module parameter
+// file); -1 when the file or the key is missing. Plain system calls and a
+// stack buffer: this runs inside malloc's start-up.
+int number_in_file(const char* path, const char* key) noexcept {
+  const int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  char text[8192];
+  std::size_t have = 0;
+  for (;;) {
+    const ssize_t n = read(fd, text + have, sizeof text - 1 - have);
+    if (n <= 0) break;
+    have += static_cast<std::size_t>(n);
+    if (have == sizeof text - 1) break;
+  }
+  close(fd);
+  text[have] = '\0';
+  const char* at = text;
+  if (key[0] != '\0') {
+    at = std::strstr(text, key);
+    if (at == nullptr) return -1;
+    at += std::strlen(key);
+    while (*at == ':' || *at == ' ' || *at == '\t') ++at;
+  } else {
+    while (*at == ' ' || *at == '\n') ++at;
+  }
+  if (*at < '0' || *at > '9') return -1;
+  int value = 0;
+  while (*at >= '0' && *at <= '9' && value < 1000000) value = value * 10 + (*at++ - '0');
+  return value;
+}
+
+}  // namespace
+
+// The nvidia module zeroes the system memory it allocates (pinned host
+// memory among it) while its InitializeSystemMemoryAllocations setting is 1,
+// the default (open-gpu-kernel-modules: nv-reg.h, os.c
+// osAllocPagesInternal); an administrator can set it to 0. The module lists
+// its settings in /proc/driver/nvidia/params, and the parameter itself in
+// sysfs. MNEMOSYNE_TEST_NVIDIA_PARAMS names another params file (tests).
+int Linux::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
+  static constexpr char kKey[] = "InitializeSystemMemoryAllocations";
+  const char* test_file = secure_getenv("MNEMOSYNE_TEST_NVIDIA_PARAMS");
+  const char* params = test_file != nullptr ? test_file : "/proc/driver/nvidia/params";
+  int value = number_in_file(params, kKey);
+  if (value >= 0) {
+    std::snprintf(source, len, "%s: %s %d", params, kKey, value);
+    return value != 0 ? 1 : 0;
+  }
+  if (test_file == nullptr) {
+    static constexpr char kSysfs[] =
+        "/sys/module/nvidia/parameters/NVreg_InitializeSystemMemoryAllocations";
+    value = number_in_file(kSysfs, "");
+    if (value >= 0) {
+      std::snprintf(source, len, "%s: %d", kSysfs, value);
+      return value != 0 ? 1 : 0;
+    }
+  }
+  std::snprintf(source, len, "%s: not readable", params);
+  return -1;
 }
 
 void Linux::block_async_signals(SignalMask* saved) noexcept {

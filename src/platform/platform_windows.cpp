@@ -94,4 +94,10 @@ std::uint64_t Windows::thread_cpu_ns(long tid) noexcept {
   return (ticks(kernel) + ticks(user)) * 100;  // 100 ns units
 }
 
+// The Windows driver publishes no such setting: unknown.
+int Windows::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
+  std::snprintf(source, len, "no setting published on Windows");
+  return -1;
+}
+
 }  // namespace mnemosyne::platform

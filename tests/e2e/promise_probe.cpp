@@ -9,6 +9,9 @@
 //                              cancellation point instead
 //   promise_probe impossible   malloc/calloc/realloc/memalign of sizes no
 //                              allocator serves: NULL and ENOMEM each time
+//   promise_probe calloc       calloc of sizes from 1 byte to 128 MiB, each
+//                              checked zero, then dirtied and freed, twice
+//                              over: fresh memory and reused memory alike
 //   promise_probe mallinfo     mallinfo2/mallinfo while the program allocates
 //                              and frees small blocks, a large one, and blocks
 //                              an exited thread left: the bytes in use
@@ -200,6 +203,33 @@ int mode_fork_limit(long mib) {
   return 0;
 }
 
+int mode_calloc() {
+  int sizes = 0;
+  int dirty = 0;
+  for (int round = 0; round < 2; ++round) {
+    for (std::size_t n = 1; n <= (std::size_t{128} << 20); n = n * 3 + 5) {
+      unsigned char* p = static_cast<unsigned char*>(std::calloc(n, 1));
+      if (p == nullptr) {
+        std::printf("calloc(%zu, 1) failed\n", n);
+        return 1;
+      }
+      static const unsigned char kZeros[4096] = {};
+      for (std::size_t i = 0; i < n; i += sizeof kZeros) {
+        const std::size_t len = n - i < sizeof kZeros ? n - i : sizeof kZeros;
+        if (std::memcmp(p + i, kZeros, len) != 0) {
+          ++dirty;
+          break;
+        }
+      }
+      std::memset(p, 0x5a, n);  // what the next round may get back
+      std::free(p);
+      ++sizes;
+    }
+  }
+  std::printf("calloc: %d sizes, %d with a byte that is not zero\n", sizes, dirty);
+  return dirty == 0 ? 0 : 1;
+}
+
 // What a program watching its heap reads from mallinfo2.
 struct Heap {
   std::size_t in_use;
@@ -287,10 +317,12 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "stats-cancel") == 0) return mode_stats_cancel();
   if (argc >= 2 && std::strcmp(argv[1], "impossible") == 0) return mode_impossible();
   if (argc >= 2 && std::strcmp(argv[1], "mallinfo") == 0) return mode_mallinfo();
+  if (argc >= 2 && std::strcmp(argv[1], "calloc") == 0) return mode_calloc();
   if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
     return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
   }
-  std::fprintf(stderr,
-               "usage: promise_probe align|stats-cancel|impossible|mallinfo|fork-limit MiB\n");
+  std::fprintf(
+      stderr,
+      "usage: promise_probe align|stats-cancel|impossible|calloc|mallinfo|fork-limit MiB\n");
   return 2;
 }

@@ -17,6 +17,9 @@ import tempfile
 
 LIB = os.environ["MNEMOSYNE_LIB"]
 FAKE = os.environ["FAKECUDA_LIB"]
+# E2E_DIRTY=1: the double hands out memory that is not zero (FAKECUDA_DIRTY),
+# as a driver that does not clear it would; every case must pass unchanged.
+DIRTY = os.environ.get("E2E_DIRTY") == "1"
 PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
@@ -42,7 +45,7 @@ REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
-    "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "signals",
+    "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "jvm-launch", "single-threaded-tools",
 }
 LAST_STATS_DIR = [None]  # the statistics folder of the latest run under the interposer
@@ -77,6 +80,8 @@ class Run:
             env["MNEMOSYNE_BACKEND"] = backend
             env["MNEMOSYNE_CUDA_DRIVER"] = FAKE
             env["FAKECUDA_LOG"] = self.log
+            if DIRTY:
+                env["FAKECUDA_DIRTY"] = "1"
             if REAL:
                 stats = tempfile.mkdtemp(prefix="stats-", dir=tmp)
                 env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats, "%p.json")
@@ -680,13 +685,22 @@ def case_errno(tmp, backend):
     check_heap(events, backend, 0)
 
 
+def case_calloc(tmp, backend):
+    """calloc's blocks read zero, on fresh memory and on memory reused after
+    the program dirtied it (with E2E_DIRTY: fresh driver memory is not zero)."""
+    _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "calloc"], "promise_probe calloc")
+    expect(mine.returncode == 0, f"calloc: {mine.stdout!r}")
+
+
 def case_promises(tmp, backend):
     """What glibc promises where calls fail or report: memalign/aligned_alloc/
     posix_memalign's result and errno for every kind of invalid alignment,
-    mallinfo2/mallinfo following allocations and frees, malloc_stats with a cancellation pending (it prints and returns),
+    calloc's zeros (on fresh and on reused memory), mallinfo2/mallinfo
+    following allocations and frees, malloc_stats with a cancellation pending (it prints and returns),
     impossible sizes (NULL and ENOMEM), and a fork under RLIMIT_AS that
     either fails with ENOMEM or gives a child every byte."""
     twice(tmp, backend, [PROMISE_PROBE, "align"], "promise_probe align")
+    case_calloc(tmp, backend)
     _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "mallinfo"], "promise_probe mallinfo")
     expect(mine.returncode == 0 and b"NO" not in mine.stdout, f"mallinfo2: {mine.stdout!r}")
     _, _, mine = twice(tmp, backend, [PROMISE_PROBE, "impossible"], "promise_probe impossible")

@@ -72,6 +72,7 @@ struct Config {
   bool event_thread = true;  // FAKECUDA_EVENT_THREAD
   long alloc_busy_ms = 0;    // FAKECUDA_ALLOC_BUSY_MS
   long alloc_stall_ms = 0;   // FAKECUDA_ALLOC_STALL_MS
+  bool dirty = false;        // FAKECUDA_DIRTY: fresh memory is not zero
 };
 extern Config g_config;
 

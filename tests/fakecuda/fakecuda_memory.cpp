@@ -162,6 +162,11 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
     os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
+  // A driver that does not clear what it hands out (managed memory is
+  // documented "not cleared"; pinned memory is cleared only by the nvidia
+  // module's InitializeSystemMemoryAllocations=1): every byte reads 0xa5, a
+  // pointer no program can follow and a length no loop survives.
+  if (g_config.dirty) memset(p, 0xa5, len);
   auto* b = static_cast<Block*>(malloc(sizeof(Block)));
   if (b == nullptr) {
     os::unmap(p, len);

@@ -265,6 +265,38 @@ TEST(Arena, UsageFollowsBlocksInUse) {
   });
 }
 
+bool all_zero(const void* p, std::size_t n) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4093) {
+    if (b[i] != 0) return false;
+  }
+  return b[n - 1] == 0;
+}
+
+// A driver whose fresh memory is not zero (the double's FAKECUDA_DIRTY):
+// mimalloc's metadata is cleared, and every zeroed block reads zero, in
+// arenas and dedicated segments, on managed and pinned memory.
+TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
+  for (BackendId backend : {BackendId::unified, BackendId::pinned}) {
+    IN_FRESH_PROCESS({
+      test::set_env("FAKECUDA_DIRTY", "1");
+      ASSERT_TRUE(start_arena(config(backend)));
+      void* plain = arena::alloc(4000);
+      ASSERT_NE(plain, nullptr);
+      EXPECT_EQ(static_cast<unsigned char*>(plain)[100], 0xa5) << "the double is not dirty";
+      for (std::size_t n : {std::size_t{1}, std::size_t{100}, std::size_t{5000}, 3 * kMiB,
+                            40 * kMiB, std::size_t{1100} * kMiB}) {
+        void* p = arena::alloc_zeroed(n);
+        ASSERT_NE(p, nullptr) << n;
+        EXPECT_NE(owner_tag(p), 0) << n;
+        EXPECT_TRUE(all_zero(p, n)) << n << " bytes";
+        release(p);
+      }
+      release(plain);
+    });
+  }
+}
+
 TEST(Arena, ReallocKeepsContentsAcrossSegments) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));

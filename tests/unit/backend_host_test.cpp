@@ -2,12 +2,16 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "backend/backends.hpp"
 #include "backend/counters.hpp"
+#include "platform/platform.hpp"
 #include "test_os.hpp"
 
 namespace mnemosyne {
@@ -92,7 +96,43 @@ TEST(BackendHost, Traits) {
   EXPECT_EQ(Host::kId, BackendId::host);
   EXPECT_STREQ(Host::kName, backend_name(BackendId::host));
   EXPECT_TRUE(Host::inherited_by_fork);
+  EXPECT_TRUE(Host::fresh_memory_zero());
+  EXPECT_FALSE(CudaUnified::fresh_memory_zero()) << "documented as not cleared";
 }
+
+#if !defined(_WIN32)
+// What the nvidia module says about zeroing pinned memory, from its params
+// file (MNEMOSYNE_TEST_NVIDIA_PARAMS stands in for /proc/driver/nvidia/params).
+TEST(PlatformLinux, NvidiaPinnedZeroSetting) {
+  const std::string dir = ::testing::TempDir();
+  auto setting = [&](const char* text) {
+    const std::string path = dir + "/nvidia-params";
+    if (text != nullptr) {
+      FILE* f = std::fopen(path.c_str(), "w");
+      std::fputs(text, f);
+      std::fclose(f);
+    } else {
+      std::remove(path.c_str());
+    }
+    setenv("MNEMOSYNE_TEST_NVIDIA_PARAMS", path.c_str(), 1);
+    char source[256];
+    const int v = Os::nvidia_zeroes_pinned_memory(source, sizeof source);
+    unsetenv("MNEMOSYNE_TEST_NVIDIA_PARAMS");
+    return std::make_pair(v, std::string(source));
+  };
+  EXPECT_EQ(setting("ResmanDebugLevel: 4294967295\nInitializeSystemMemoryAllocations: 1\n").first,
+            1);
+  const auto off = setting("InitializeSystemMemoryAllocations: 0\nRegistryDwords: \"\"\n");
+  EXPECT_EQ(off.first, 0);
+  EXPECT_NE(off.second.find("InitializeSystemMemoryAllocations 0"), std::string::npos)
+      << off.second;
+  EXPECT_EQ(setting("EnableMSI: 1\n").first, -1) << "no such line: unknown";
+  EXPECT_EQ(setting("InitializeSystemMemoryAllocations: \n").first, -1);
+  const auto missing = setting(nullptr);
+  EXPECT_EQ(missing.first, -1);
+  EXPECT_NE(missing.second.find("not readable"), std::string::npos) << missing.second;
+}
+#endif
 
 }  // namespace
 }  // namespace mnemosyne

@@ -218,6 +218,7 @@ void expect_defaults(const Options& o) {
   EXPECT_EQ(o.limit, d.limit);
   EXPECT_EQ(o.fallback, d.fallback);
   EXPECT_EQ(o.context, Context::primary);
+  EXPECT_EQ(o.zeroed, Zeroed::automatic);
   EXPECT_EQ(o.verbose, d.verbose);
   EXPECT_EQ(o.show_stats, d.show_stats);
   EXPECT_STREQ(o.stats_file, "");
@@ -240,13 +241,21 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},       {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range},      {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},           {"FALLBACK", Type::choice},
-      {"CONTEXT", Type::choice},       {"VERBOSE", Type::boolean},
-      {"SHOW_STATS", Type::boolean},   {"STATS_FILE", Type::path},
-      {"CUDA_DRIVER", Type::path},     {"PROGRAMS", Type::program_list},
-      {"EXCLUDE", Type::program_list}, {"WARNED", Type::word},
+      {"BACKEND", Type::choice},
+      {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},
+      {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},
+      {"FALLBACK", Type::choice},
+      {"CONTEXT", Type::choice},
+      {"ZEROED", Type::choice},
+      {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean},
+      {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},
+      {"PROGRAMS", Type::program_list},
+      {"EXCLUDE", Type::program_list},
+      {"WARNED", Type::word},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -429,6 +438,7 @@ TEST(ConfigRead, EveryOptionValid) {
       "MNEMOSYNE_LIMIT=8G",
       "MNEMOSYNE_FALLBACK=fail",
       "MNEMOSYNE_CONTEXT=own",
+      "MNEMOSYNE_ZEROED=no",
       "MNEMOSYNE_VERBOSE=1",
       "MNEMOSYNE_SHOW_STATS=yes",
       "MNEMOSYNE_STATS_FILE=/tmp/stats.%p.json",
@@ -448,6 +458,7 @@ TEST(ConfigRead, EveryOptionValid) {
   EXPECT_EQ(o.limit, 8 * GiB);
   EXPECT_EQ(o.fallback, Fallback::fail);
   EXPECT_EQ(o.context, Context::own);
+  EXPECT_EQ(o.zeroed, Zeroed::no);
   EXPECT_TRUE(o.verbose);
   EXPECT_TRUE(o.show_stats);
   EXPECT_STREQ(o.stats_file, "/tmp/stats.%p.json");
@@ -489,6 +500,18 @@ TEST(ConfigRead, ContextChoices) {
   ASSERT_EQ(g_lines.size(), 1u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: MNEMOSYNE_CONTEXT=mine is not primary or own; using the default (primary)");
+}
+
+TEST(ConfigRead, ZeroedChoices) {
+  EXPECT_EQ(read({}).zeroed, Zeroed::automatic);
+  EXPECT_EQ(read({"MNEMOSYNE_ZEROED=auto"}).zeroed, Zeroed::automatic);
+  EXPECT_EQ(read({"MNEMOSYNE_ZEROED=YES"}).zeroed, Zeroed::yes);
+  EXPECT_EQ(read({"MNEMOSYNE_ZEROED=no"}).zeroed, Zeroed::no);
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_EQ(read({"MNEMOSYNE_ZEROED=maybe"}).zeroed, Zeroed::automatic);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_EQ(g_lines[0],
+            "mnemosyne: MNEMOSYNE_ZEROED=maybe is not auto, yes or no; using the default (auto)");
 }
 
 TEST(ConfigRead, EmptyBooleanMeansOn) {
@@ -749,7 +772,8 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   ASSERT_EQ(g_lines.size(), 4u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
-            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, VERBOSE, SHOW_STATS, STATS_FILE, "
+            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, VERBOSE, SHOW_STATS, "
+            "STATS_FILE, "
             "CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];

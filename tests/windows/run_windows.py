@@ -126,9 +126,9 @@ def native_run(wine, harness):
     return NATIVE[harness]
 
 
-def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=()):
+def case_injected(wine, a, name, backend, kind, harness, method="auto", extra=(), env_extra=None):
     log = os.path.join(wine.work, f"{name}.log")
-    env = {"FAKECUDA_LOG": winpath(log)}
+    env = {"FAKECUDA_LOG": winpath(log), **(env_extra or {})}
     rc, out, err = wine.run([a.injector, f"--inject={method}", f"--backend={backend}",
                              f"--cuda-driver={winpath(a.driver)}", "--", harness], env)
     problems = []
@@ -653,6 +653,17 @@ def main():
             ("driver-thread", lambda: case_real_program(
                 wine, a, "driver-thread", ["cscript.exe", "//nologo", winpath(js)],
                 {"FAKECUDA_THREAD_ALLOC_MAX": str(256 << 20), "FAKECUDA_THREAD_ITERS": "200"})),
+            # A driver whose fresh memory is not zero (FAKECUDA_DIRTY): the
+            # harness checks calloc's and _recalloc's zeros among the rest.
+            ("dirty-unified", lambda: case_injected(wine, a, "dirty-unified", "unified",
+                                                    "managed", a.harness,
+                                                    env_extra={"FAKECUDA_DIRTY": "1"})),
+            ("dirty-pinned", lambda: case_injected(wine, a, "dirty-pinned", "pinned", "host",
+                                                   a.ucrt_harness, "auto", ["recalloc"],
+                                                   env_extra={"FAKECUDA_DIRTY": "1"})),
+            ("dirty-cscript", lambda: case_real_program(
+                wine, a, "dirty-cscript", ["cscript.exe", "//nologo", winpath(js)],
+                {"FAKECUDA_DIRTY": "1"})),
             ("host", lambda: case_host(wine, a)),
             ("crash", lambda: case_init_crash(wine, a)),
             ("options", lambda: case_bad_options(wine, a)),
