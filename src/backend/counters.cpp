@@ -47,6 +47,11 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
   } else if (step == kRegistryFull) {
     std::snprintf(out, len, "the %s backend's table of live blocks is full (%zu blocks)",
                   backend_name(id), AllocationRegistry::kCapacity);
+  } else if (step == kInheritable) {
+    std::snprintf(out, len,
+                  "the kernel refused MADV_DONTFORK on %s memory (%s), so a forked child would "
+                  "share its parent's heap",
+                  backend_name(id), std::strerror(result));
   } else if (step == kAllocationFailed) {
     if (id == BackendId::host) {
       std::snprintf(out, len, "mmap of %llu bytes failed: %s", size, std::strerror(result));

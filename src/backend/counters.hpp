@@ -10,7 +10,13 @@
 
 namespace mnemosyne {
 
-enum FailureStep : int { kNoFailure = 0, kContextFailed, kAllocationFailed, kRegistryFull };
+enum FailureStep : int {
+  kNoFailure = 0,
+  kContextFailed,
+  kAllocationFailed,
+  kRegistryFull,
+  kInheritable,  // the kernel refused MADV_DONTFORK on memory a child must not share
+};
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {
   counter.fetch_add(n, std::memory_order_relaxed);

@@ -23,8 +23,12 @@ CUdeviceptr to_device_ptr(const void* p) noexcept {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
 }
 
-// Managed memory: cuMemAllocManaged(ATTACH_GLOBAL) / cuMemFree_v2.
+// Managed memory: cuMemAllocManaged(ATTACH_GLOBAL) / cuMemFree_v2. Its
+// mappings are VM_DONTCOPY already (NVIDIA's open kernel modules, uvm.c
+// uvm_mmap, since 530.30.02): MADV_DONTFORK says so again for older drivers,
+// and its refusal changes nothing.
 struct ManagedCalls {
+  static constexpr bool kMustNotBeInherited = false;
   static CUresult raw_alloc(const DriverApi& api, std::size_t size, void** out) noexcept {
     CUdeviceptr dptr = 0;
     const CUresult r = api.cuMemAllocManaged(&dptr, size, CU_MEM_ATTACH_GLOBAL);
@@ -36,8 +40,14 @@ struct ManagedCalls {
   }
 };
 
-// Page-locked host memory: cuMemHostAlloc(DEVICEMAP | PORTABLE) / cuMemFreeHost.
+// Page-locked host memory: cuMemHostAlloc(DEVICEMAP | PORTABLE) /
+// cuMemFreeHost. The kernel module maps it VM_SHARED and not VM_DONTCOPY
+// (nv-mmap.c): unless marked MADV_DONTFORK, a forked child would share these
+// pages with its parent, and glibc writes into the heap (FILE locks) in the
+// child before any atfork handler runs. Memory the kernel refuses to mark is
+// given back, not used.
 struct PinnedCalls {
+  static constexpr bool kMustNotBeInherited = true;
   static CUresult raw_alloc(const DriverApi& api, std::size_t size, void** out) noexcept {
     return api.cuMemHostAlloc(out, size, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE);
   }
@@ -99,6 +109,11 @@ void* cuda_allocate(std::size_t size) noexcept {
       if (rc != CUDA_SUCCESS || ptr == nullptr) {
         count_event(c.driver_failures);
         c.failed(kAllocationFailed, rc, size);
+        ptr = nullptr;
+      } else if (int err = 0; !Os::exclude_from_fork(ptr, size, &err) && Ops::kMustNotBeInherited) {
+        c.failed(kInheritable, err, size);
+        count_event(c.driver_calls);
+        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
         ptr = nullptr;
       } else if (!Ops::registry().insert(ptr)) {
         count_event(c.registry_full);

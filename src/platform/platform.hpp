@@ -42,6 +42,9 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // hands out (its InitializeSystemMemoryAllocations setting): 1 yes, 0 no,
   // -1 when this OS or machine does not say. The setting's text goes to buf.
   { P::nvidia_zeroes_pinned_memory(buf, n) } -> std::same_as<int>;
+  // Keeps a child created by fork() from inheriting [p, p + n) (Linux:
+  // MADV_DONTFORK); false with the OS error in *err. Windows has no fork.
+  { P::exclude_from_fork(p, n, err) } -> std::same_as<bool>;
 }
 &&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
   // The asynchronous signals (every one but the faults a thread raises
@@ -69,6 +72,7 @@ struct Linux {
   static long thread_id() noexcept;
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
+  static bool exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };
@@ -88,6 +92,7 @@ struct Windows {
   static long thread_id() noexcept;
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
+  static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}
 };

@@ -166,6 +166,12 @@ int Linux::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
   return -1;
 }
 
+bool Linux::exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept {
+  if (madvise(ptr, size, MADV_DONTFORK) == 0) return true;
+  *error = errno;
+  return false;
+}
+
 void Linux::block_async_signals(SignalMask* saved) noexcept {
   sigset_t async;
   sigfillset(&async);

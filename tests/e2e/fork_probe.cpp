@@ -4,6 +4,10 @@
 // stderr and exits non-zero, which the parent reports.
 //
 //   fork_probe fopen-thread   fopen, one sleeping thread, fork; the child reads the file
+//   fork_probe held-lock      a thread holds a FILE's lock (flockfile) across a
+//                             fork: glibc's child resets every FILE lock, in
+//                             the heap, before any atfork handler runs; the
+//                             parent's lock must still be held afterwards
 //   fork_probe patterns       8 threads churn self-checking blocks while main forks 100
 //                             children (every 10th forks a grandchild); each child checks
 //                             every block it can reach, allocates, frees
@@ -202,6 +206,34 @@ int mode_patterns(bool from_thread) {
 }
 
 // ---- fopen + a sleeping thread + fork
+
+int mode_held_lock() {
+  FILE* f = std::fopen("/dev/null", "w");
+  if (f == nullptr) die("fopen failed");
+  std::atomic<int> stage{0};
+  std::thread holder([&] {
+    flockfile(f);
+    stage.store(1);
+    while (stage.load() != 2) usleep(1000);
+    funlockfile(f);
+  });
+  while (stage.load() != 1) usleep(1000);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  // Held by the other thread: trying must fail. It succeeds when the child's
+  // reset reached the parent's FILE (a heap both share).
+  const bool still_held = ftrylockfile(f) != 0;
+  if (!still_held) funlockfile(f);
+  stage.store(2);
+  holder.join();
+  std::fclose(f);
+  std::printf("parent: the lock its thread held is %s\n",
+              still_held ? "still held" : "FREE: the child reset it in the parent's heap");
+  return still_held && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : 1;
+}
 
 int mode_fopen_thread() {
   char path[] = "/tmp/fork-probe-XXXXXX";
@@ -511,13 +543,15 @@ int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const char* mode = argc > 1 ? argv[1] : "";
   if (std::strcmp(mode, "fopen-thread") == 0) return mode_fopen_thread();
+  if (std::strcmp(mode, "held-lock") == 0) return mode_held_lock();
   if (std::strcmp(mode, "patterns") == 0) return mode_patterns(false);
   if (std::strcmp(mode, "from-thread") == 0) return mode_patterns(true);
   if (std::strcmp(mode, "driver-busy") == 0) return mode_driver_busy();
   if (std::strcmp(mode, "own-handler") == 0) return mode_own_handler();
   if (std::strcmp(mode, "device") == 0) return mode_device();
-  std::fprintf(stderr,
-               "usage: fork_probe fopen-thread|patterns|from-thread|driver-busy|own-handler|"
-               "device\n");
+  std::fprintf(
+      stderr,
+      "usage: fork_probe fopen-thread|held-lock|patterns|from-thread|driver-busy|own-handler|"
+      "device\n");
   return 2;
 }

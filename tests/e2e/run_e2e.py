@@ -43,7 +43,8 @@ TIMEOUT = 240
 REAL = os.environ.get("E2E_REAL_DRIVER") == "1"
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
-    "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-patterns", "fork-from-thread",
+    "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
+    "fork-from-thread",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "jvm-launch", "single-threaded-tools",
@@ -469,6 +470,15 @@ def case_fork_fopen(tmp, backend):
     """fopen, one sleeping thread, fork: glibc resets the FILE's lock in the
     child before any atfork handler runs."""
     fork_case(tmp, backend, "fopen-thread")
+
+
+def case_fork_held_lock(tmp, backend):
+    """A thread holds a FILE's lock across fork(): glibc's child resets every
+    FILE lock (in the heap) before any atfork handler, so a child sharing its
+    parent's heap pages would free the parent's lock. The double maps pinned
+    memory as the nvidia module does (FAKECUDA_PINNED_SHARED: a shared
+    mapping a child inherits); mnemosyne marks it MADV_DONTFORK."""
+    fork_case(tmp, backend, "held-lock", {"FAKECUDA_PINNED_SHARED": "1"})
 
 
 def case_fork_patterns(tmp, backend):

@@ -82,6 +82,7 @@ void read_config() noexcept {
   if (env_long("FAKECUDA_ALLOC_BUSY_MS", &v)) c.alloc_busy_ms = v < 0 ? 0 : v;
   if (env_long("FAKECUDA_ALLOC_STALL_MS", &v)) c.alloc_stall_ms = v < 0 ? 0 : v;
   if (env_long("FAKECUDA_DIRTY", &v)) c.dirty = v != 0;
+  if (env_long("FAKECUDA_PINNED_SHARED", &v)) c.pinned_shared = v != 0;
   g_config = c;
 
   if (env_long("FAKECUDA_FAIL_ALLOC_AFTER", &v)) {

@@ -69,10 +69,11 @@ struct Config {
   int concurrent_managed = 1;
   std::size_t thread_alloc_max = 32 * kMiB;
   int thread_iters = 30;
-  bool event_thread = true;  // FAKECUDA_EVENT_THREAD
-  long alloc_busy_ms = 0;    // FAKECUDA_ALLOC_BUSY_MS
-  long alloc_stall_ms = 0;   // FAKECUDA_ALLOC_STALL_MS
-  bool dirty = false;        // FAKECUDA_DIRTY: fresh memory is not zero
+  bool event_thread = true;    // FAKECUDA_EVENT_THREAD
+  long alloc_busy_ms = 0;      // FAKECUDA_ALLOC_BUSY_MS
+  long alloc_stall_ms = 0;     // FAKECUDA_ALLOC_STALL_MS
+  bool dirty = false;          // FAKECUDA_DIRTY: fresh memory is not zero
+  bool pinned_shared = false;  // FAKECUDA_PINNED_SHARED: pinned memory as nvidia maps it
 };
 extern Config g_config;
 

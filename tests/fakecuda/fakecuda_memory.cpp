@@ -154,11 +154,14 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
   if (CUresult rc = admit(size); rc != CUDA_SUCCESS) return rc;
   slow_allocation();
   const std::size_t len = round_up(size, page_size());
-  void* p = kind == kManaged ? map_managed(len) : map_host(len);
+  // FAKECUDA_PINNED_SHARED: pinned memory as the nvidia kernel module maps
+  // it (VM_SHARED, not VM_DONTCOPY: nv-mmap.c), a child of fork() sharing
+  // its pages unless the caller marks them MADV_DONTFORK. Otherwise a
+  // forked child never inherits the driver's memory.
+  const bool shared = kind == kHost && g_config.pinned_shared;
+  void* p = kind == kManaged ? map_managed(len) : shared ? os::map_shared(len) : map_host(len);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
-  // A forked child must not inherit the driver's memory, as with the real
-  // driver's pinned and managed memory.
-  if (!os::dont_fork(p, len)) {
+  if (!shared && !os::dont_fork(p, len)) {
     os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }

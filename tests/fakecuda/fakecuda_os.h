@@ -23,6 +23,11 @@ std::size_t page_size() noexcept;
 
 // len (page rounded) bytes of zeroed read/write memory, or nullptr.
 void* map_pages(std::size_t len) noexcept;
+// Like map_pages, but a shared mapping (MAP_SHARED | MAP_ANONYMOUS): a
+// forked child inherits it and shares its pages with the parent, as the
+// nvidia module's pinned mappings (VM_SHARED, not VM_DONTCOPY). Windows:
+// map_pages.
+void* map_shared(std::size_t len) noexcept;
 // Like map_pages, at an address that is a multiple of align but not of avoid
 // (a multiple of align); address space only where the OS allows (Linux
 // MAP_NORESERVE).

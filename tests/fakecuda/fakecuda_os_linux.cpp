@@ -19,6 +19,11 @@ void* map_pages(std::size_t len) noexcept {
   return m == MAP_FAILED ? nullptr : m;
 }
 
+void* map_shared(std::size_t len) noexcept {
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  return m == MAP_FAILED ? nullptr : m;
+}
+
 // Maps more than needed and trims both ends.
 void* map_aligned(std::size_t len, std::size_t align, std::size_t avoid) noexcept {
   const std::size_t reserve = len + 2 * align;

@@ -45,6 +45,10 @@ void unmap(void* p, std::size_t) noexcept {
   VirtualFree(p, 0, MEM_RELEASE);
 }
 
+void* map_shared(std::size_t len) noexcept {
+  return map_pages(len);
+}
+
 bool dont_fork(void*, std::size_t) noexcept {
   return true;
 }
