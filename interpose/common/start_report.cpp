@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backend/backends.hpp"
 #include "backend/loader.hpp"
 #include "platform/platform.hpp"
 
@@ -67,20 +66,18 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
 
 bool fresh_memory_reads_zero(const config::Options& o, BackendId backend, char* why,
                              std::size_t len) noexcept {
+  // The answer is the arena's (MNEMOSYNE_ZEROED, else the backend's); the
+  // evidence is said here.
   if (o.zeroed != config::Zeroed::automatic) {
     std::snprintf(why, len, "MNEMOSYNE_ZEROED=%s", o.zeroed == config::Zeroed::yes ? "yes" : "no");
-    return o.zeroed == config::Zeroed::yes;
-  }
-  // The answer is the backend's (backends.hpp); the reason is said here.
-  const bool zero = with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
-  if (backend == BackendId::host) {
+  } else if (backend == BackendId::host) {
     std::snprintf(why, len, "anonymous memory from the system is zero-filled");
   } else if (backend == BackendId::pinned) {
     Os::nvidia_zeroes_pinned_memory(why, len);
   } else {
     std::snprintf(why, len, "the driver documents managed memory as not cleared");
   }
-  return zero;
+  return arena::fresh_memory_reads_zero(backend);
 }
 
 namespace {

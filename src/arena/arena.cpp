@@ -90,7 +90,7 @@ void describe_refusal(BackendId backend, std::size_t bytes, char* why,
 }
 
 // Whether the segment's fresh memory reads zero, MNEMOSYNE_ZEROED applied.
-bool reads_zero(const Segment& seg) noexcept {
+bool reads_zero_given(bool backend_says) noexcept {
   switch (g_state.cfg.zeroed) {
     case Zeroed::yes:
       return true;
@@ -99,7 +99,11 @@ bool reads_zero(const Segment& seg) noexcept {
     case Zeroed::automatic:
       break;
   }
-  return seg.fresh_zero;
+  return backend_says;
+}
+
+bool reads_zero(const Segment& seg) noexcept {
+  return reads_zero_given(seg.fresh_zero);
 }
 
 // Adds an arena of at least `min_bytes`; the caller holds grow_lock.
@@ -318,6 +322,10 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   pthread_mutex_unlock(&g_state.grow_lock);
   report->active = g_state.backend.load();
   return ok;
+}
+
+bool fresh_memory_reads_zero(BackendId backend) noexcept {
+  return reads_zero_given(backend_fresh_zero(backend));
 }
 
 BackendId active_backend() noexcept {

@@ -111,6 +111,10 @@ inline void* realloc(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   return realloc_slow(ptr, tag, size);
 }
 
+// Whether memory fresh from `backend` is treated as zero: MNEMOSYNE_ZEROED
+// (Config::zeroed) when given, else what the backend says.
+bool fresh_memory_reads_zero(BackendId backend) noexcept;
+
 // The backend that new segments come from now.
 BackendId active_backend() noexcept;
 

@@ -35,9 +35,13 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align,
     with_backend(backend, [&]<MemoryBackend B>() { return B::deallocate(raw, raw_size); });
     return false;
   }
-  const bool zero = with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
-  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend, zero};
+  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend,
+                 backend_fresh_zero(backend)};
   return true;
+}
+
+bool backend_fresh_zero(BackendId backend) noexcept {
+  return with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
 }
 
 void release_segment(const Segment& segment) noexcept {

@@ -27,6 +27,9 @@ struct Segment {
 // returned nothing or memory the ownership map cannot describe.
 bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Segment* out) noexcept;
 
+// Whether memory fresh from `backend` reads zero, as the backend says.
+bool backend_fresh_zero(BackendId backend) noexcept;
+
 // Gives a segment back to its backend. In a forked child, segments that came
 // from a CUDA backend are the child's own copies (see fork_copy.hpp) and are
 // unmapped instead: the driver is never called there.
