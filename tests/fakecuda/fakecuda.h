@@ -62,6 +62,9 @@ struct fakecuda_counters {
   uint64_t cpu_migrations;      /* device pages a CPU touch migrated back */
   uint64_t dtoh_calls;          /* successful cuMemcpyDtoH_v2 */
   uint64_t dtoh_bytes;          /* bytes they copied */
+  uint64_t memset_calls;        /* successful cuMemsetD8Async */
+  uint64_t memset_bytes;        /* bytes they set */
+  uint64_t live_streams;        /* streams created and not destroyed (state, not reset) */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

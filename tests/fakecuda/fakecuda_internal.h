@@ -58,6 +58,9 @@ struct Counters {
   std::atomic<std::uint64_t> cpu_migrations{0};
   std::atomic<std::uint64_t> dtoh_calls{0};
   std::atomic<std::uint64_t> dtoh_bytes{0};
+  std::atomic<std::uint64_t> memset_calls{0};
+  std::atomic<std::uint64_t> memset_bytes{0};
+  std::atomic<std::uint64_t> live_streams{0};
 };
 extern Counters g_counters;
 
@@ -149,6 +152,13 @@ bool on_device(std::uintptr_t p) noexcept;
 // Lock held: copies n bytes at src into dst from wherever each page's data
 // lives, moving nothing.
 void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept;
+// Lock held: sets n bytes at dst, in one block (`managed`: a managed one), to
+// `value` as the device's copy engine would: whole pages of managed memory
+// set to zero are not populated in host RAM (their CPU copy is dropped:
+// MADV_DONTNEED on this private anonymous memory reads back zero), pages on
+// the device are written there, and the rest is written by the CPU.
+void set_where_it_lives(std::uintptr_t dst, std::size_t n, unsigned char value,
+                        bool managed) noexcept;
 // Lock held: the block at `block` is being released.
 void forget_device_range(std::uintptr_t block) noexcept;
 

@@ -468,6 +468,116 @@ FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size
   return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------- streams
+//
+// A stream is a handle for ordering: the double runs every operation at
+// once, so synchronizing only checks the handle and the sticky error.
+// Handles are checked against a fixed table of live streams before use.
+
+namespace {
+
+// CUDA_ERROR_ILLEGAL_ADDRESS once a launch faulted (see kernels below).
+std::atomic<int> g_sticky{0};
+
+CUresult sticky(const char* call) noexcept {
+  const int e = g_sticky.load();
+  return e != 0 ? fail(call, static_cast<CUresult>(e)) : CUDA_SUCCESS;
+}
+
+struct Stream {
+  std::atomic<const Ctx*> ctx{nullptr};  // nullptr: free slot
+};
+constexpr int kMaxStreams = 256;
+Stream g_streams[kMaxStreams];
+
+// Lock held. Whether `s` is a live stream handle (nullptr: the legacy
+// stream, valid while a context is current).
+bool stream_valid(CUstream s) noexcept {
+  if (s == nullptr) return true;
+  for (Stream& st : g_streams) {
+    if (reinterpret_cast<CUstream>(&st) == s) return st.ctx.load() != nullptr;
+  }
+  return false;
+}
+
+}  // namespace
+
+FAKECUDA_API CUresult cuStreamCreate(CUstream* phStream, unsigned int Flags) {
+  static const char kCall[] = "cuStreamCreate";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (phStream == nullptr || (Flags & ~unsigned(CU_STREAM_NON_BLOCKING)) != 0)
+    return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  lock(kCall);
+  const Ctx* ctx = usable_current();
+  CUresult rc = ctx == nullptr ? CUDA_ERROR_INVALID_CONTEXT : CUDA_ERROR_OUT_OF_MEMORY;
+  if (ctx != nullptr) {
+    for (Stream& st : g_streams) {
+      if (st.ctx.load() != nullptr) continue;
+      st.ctx.store(ctx);
+      *phStream = reinterpret_cast<CUstream>(&st);
+      g_counters.live_streams.fetch_add(1);
+      rc = CUDA_SUCCESS;
+      break;
+    }
+  }
+  unlock();
+  return rc == CUDA_SUCCESS ? rc : fail(kCall, rc);
+}
+
+FAKECUDA_API CUresult cuStreamSynchronize(CUstream hStream) {
+  static const char kCall[] = "cuStreamSynchronize";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  lock(kCall);
+  const bool ok = stream_valid(hStream) && (hStream != nullptr || current_ctx() != nullptr);
+  unlock();
+  if (!ok) return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
+  return sticky(kCall);
+}
+
+FAKECUDA_API CUresult cuStreamDestroy_v2(CUstream hStream) {
+  static const char kCall[] = "cuStreamDestroy_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  lock(kCall);
+  const bool ok = hStream != nullptr && stream_valid(hStream);
+  if (ok) {
+    reinterpret_cast<Stream*>(hStream)->ctx.store(nullptr);
+    g_counters.live_streams.fetch_sub(1);
+  }
+  unlock();
+  return ok ? CUDA_SUCCESS : fail(kCall, CUDA_ERROR_INVALID_HANDLE);
+}
+
+// Sets the range at once, as a device memset that has finished: managed
+// memory set to zero is not populated in host RAM (set_where_it_lives).
+// The range must lie in one block the driver handed out.
+FAKECUDA_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, size_t N,
+                                      CUstream hStream) {
+  static const char kCall[] = "cuMemsetD8Async";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = sticky(kCall); rc != CUDA_SUCCESS) return rc;
+  const auto dst = std::uintptr_t(dstDevice);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Block* b = containing(dst);
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (!stream_valid(hStream)) {
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  } else if (b == nullptr || N > b->map_len - (dst - b->addr)) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    set_where_it_lives(dst, N, uc, b->kind == kManaged);
+    log_line("memset kind=%s ptr=0x%llx size=%zu value=%u",
+             b->kind == kManaged ? "managed" : "host", static_cast<unsigned long long>(dst), N,
+             unsigned(uc));
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.memset_calls.fetch_add(1);
+  g_counters.memset_bytes.fetch_add(N);
+  return CUDA_SUCCESS;
+}
+
 // ---------------------------------------------------------------- kernels
 //
 // The double runs one kernel, the GPU probe's (tests/gpu/gpu_probe.cpp):
@@ -490,12 +600,6 @@ struct Module {
 constexpr std::uint64_t kModuleMagic = 0x6d6e656d6f4d6f64ull;  // "mnemoMod"
 Module g_module{kModuleMagic};  // one module handle serves every load
 int g_function = 0;             // the probe kernel's handle is &g_function
-std::atomic<int> g_sticky{0};   // CUDA_ERROR_ILLEGAL_ADDRESS once a launch faulted
-
-CUresult sticky(const char* call) noexcept {
-  const int e = g_sticky.load();
-  return e != 0 ? fail(call, static_cast<CUresult>(e)) : CUDA_SUCCESS;
-}
 
 }  // namespace
 

@@ -153,6 +153,9 @@ void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept 
   memcpy(dst, reinterpret_cast<const void*>(src), n);
 }
 
+void set_where_it_lives(std::uintptr_t dst, std::size_t n, unsigned char value, bool) noexcept {
+  memset(reinterpret_cast<void*>(dst), value, n);  // no residency: every page is the CPU's
+}
 void forget_device_range(std::uintptr_t) noexcept {}
 
 }  // namespace fakecuda

@@ -203,6 +203,42 @@ void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept 
   }
 }
 
+void set_where_it_lives(std::uintptr_t dst, std::size_t n, unsigned char value,
+                        bool managed) noexcept {
+  const std::size_t page = page_size();
+  DeviceRange* r = managed ? find_range(dst) : nullptr;  // [dst, dst + n) lies in one block
+  // Whole pages of managed memory set to zero: nothing enters host RAM.
+  if (managed && value == 0) {
+    const std::uintptr_t first = (dst + page - 1) / page * page;
+    const std::uintptr_t last = (dst + n) / page * page;
+    if (first < last) {
+      if (r != nullptr) {  // pages on the device read zero there too
+        const std::uintptr_t s = r->start.load();
+        madvise(r->store + (first - s), last - first, MADV_DONTNEED);
+      }
+      madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+      set_where_it_lives(dst, first - dst, value, managed);
+      set_where_it_lives(last, dst + n - last, value, managed);
+      return;
+    }
+  }
+  while (n > 0) {
+    const std::size_t in_page = page - dst % page;
+    const std::size_t len = n < in_page ? n : in_page;
+    bool on_dev = false;
+    if (r != nullptr) {
+      const std::size_t index = (dst - r->start.load()) / page;
+      while (r->state[index].load(std::memory_order_acquire) == kMigrating) {
+      }
+      on_dev = r->state[index].load(std::memory_order_acquire) == kOnDevice;
+      if (on_dev) memset(r->store + (dst - r->start.load()), value, len);
+    }
+    if (!on_dev) memset(reinterpret_cast<void*>(dst), value, len);
+    dst += len;
+    n -= len;
+  }
+}
+
 void forget_device_range(std::uintptr_t block) noexcept {
   for (DeviceRange& r : g_ranges) {
     if (r.start.load(std::memory_order_relaxed) != block) continue;

@@ -128,6 +128,10 @@ struct Api {
   fakecuda_migrate_to_device_fn migrate_to_device = nullptr;
   fakecuda_on_device_fn on_device = nullptr;
   fakecuda_set_copy_error_fn set_copy_error = nullptr;
+  PFN_cuStreamCreate_v2000 cuStreamCreate = nullptr;
+  PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
+  PFN_cuStreamDestroy_v4000 cuStreamDestroy = nullptr;
+  PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
 
   fakecuda_counters counters() const {
     fakecuda_counters c{};
@@ -165,6 +169,10 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "fakecuda_migrate_to_device", &api->migrate_to_device);
   resolve(h, "fakecuda_on_device", &api->on_device);
   resolve(h, "fakecuda_set_copy_error", &api->set_copy_error);
+  resolve(h, "cuStreamCreate", &api->cuStreamCreate);
+  resolve(h, "cuStreamSynchronize", &api->cuStreamSynchronize);
+  resolve(h, "cuStreamDestroy_v2", &api->cuStreamDestroy);
+  resolve(h, "cuMemsetD8Async", &api->cuMemsetD8Async);
   resolve(h, "cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
   resolve(h, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease);
   resolve(h, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent);
@@ -709,6 +717,8 @@ void check_log(const char* path, pid_t self) {
       "fail call=cuGetProcAddress_v2 rc=500",
       "ctx-free kind=managed",
       "thread-exit allocs=30",
+      "memset kind=managed ptr=0x",
+      "memset kind=host ptr=0x",
   };
   for (const char* e : expected) {
     if (!contains(log, pid + e)) {
@@ -934,6 +944,66 @@ void check_residency(Api& a) {
 }
 #endif
 
+// Streams and the device memset: handles are checked; a memset sets
+// exactly its range, wherever each page lives, and whole pages of managed
+// memory set to zero take no host RAM (Linux: mincore).
+void check_streams_and_memset(Api& a) {
+  const size_t page = 4096;
+  CUstream s = nullptr;
+  CHECK_RC(a.cuStreamCreate(nullptr, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuStreamCreate(&s, 2), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), CUDA_SUCCESS);
+  CHECK(a.counters().live_streams == 1);
+  CUdeviceptr dp = 0;
+  CHECK_RC(a.cuMemAllocManaged(&dp, 16 * page, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  auto* p = reinterpret_cast<unsigned char*>(dp);
+  memset(p, 0x11, 16 * page);
+#if !defined(_WIN32)
+  CHECK(a.migrate_to_device(p + 8 * page, page) == 1);  // one page lives on the device
+#endif
+  const fakecuda_counters before = a.counters();
+  // From the middle of page 1 to the middle of page 12: ten whole pages.
+  CHECK_RC(a.cuMemsetD8Async(dp + page + 100, 0, 11 * page, s), CUDA_SUCCESS);
+  CHECK_RC(a.cuStreamSynchronize(s), CUDA_SUCCESS);
+  CHECK(a.counters().memset_calls == before.memset_calls + 1);
+  CHECK(a.counters().memset_bytes == before.memset_bytes + 11 * page);
+#if !defined(_WIN32)
+  unsigned char residency[16] = {};
+  CHECK(mincore(p, 16 * page, residency) == 0);
+  int resident = 0;
+  for (int i = 2; i < 12; ++i) resident += residency[i] & 1;
+  CHECK(resident == 0);  // set on the device: nothing in host RAM
+#endif
+  bool exact = true;
+  for (size_t i = 0; i < 16 * page; ++i) {
+    const bool inside = i >= page + 100 && i < 12 * page + 100;
+    exact = exact && p[i] == (inside ? 0 : 0x11);
+  }
+  CHECK(exact);
+  // A non-zero value, on the legacy stream; pinned memory too.
+  CHECK_RC(a.cuMemsetD8Async(dp, 0x7e, 10, nullptr), CUDA_SUCCESS);
+  CHECK(p[0] == 0x7e && p[9] == 0x7e && p[10] == 0x11);
+  void* host = nullptr;
+  CHECK_RC(a.cuMemHostAlloc(&host, 2 * page, CU_MEMHOSTALLOC_DEVICEMAP), CUDA_SUCCESS);
+  memset(host, 0x22, 2 * page);
+  CHECK_RC(a.cuMemsetD8Async(CUdeviceptr(host) + 1, 0, page, s), CUDA_SUCCESS);
+  CHECK(static_cast<unsigned char*>(host)[0] == 0x22 && static_cast<unsigned char*>(host)[1] == 0 &&
+        static_cast<unsigned char*>(host)[page] == 0 &&
+        static_cast<unsigned char*>(host)[page + 1] == 0x22);
+  // Outside one block, or a bad handle.
+  CHECK_RC(a.cuMemsetD8Async(dp, 0, 17 * page, s), CUDA_ERROR_INVALID_VALUE);
+  unsigned char mine[64];
+  CHECK_RC(a.cuMemsetD8Async(CUdeviceptr(mine), 0, sizeof mine, s), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemsetD8Async(dp, 0, page, reinterpret_cast<CUstream>(mine)),
+           CUDA_ERROR_INVALID_HANDLE);
+  CHECK_RC(a.cuStreamDestroy(s), CUDA_SUCCESS);
+  CHECK_RC(a.cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_RC(a.cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
+  CHECK(a.counters().live_streams == 0);
+  CHECK_RC(a.cuMemFreeHost(host), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(dp), CUDA_SUCCESS);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -990,6 +1060,7 @@ int main(int argc, char** argv) {
   const Blocks blocks = check_memory(a);
   check_fault_injection(a);
   check_residency(a);
+  check_streams_and_memset(a);
 #if !defined(_WIN32)
   check_fork(a, blocks);
 #endif
