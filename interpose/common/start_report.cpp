@@ -58,9 +58,14 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
   char why[300];
   const bool zero = fresh_memory_reads_zero(o, report.active, why, sizeof why);
+  // Who clears what must be zero (calloc, mimalloc's metadata): the device
+  // for managed memory (Backend::clear), the CPU otherwise.
+  const bool managed = is_cuda_backend(report.active) && report.active != BackendId::pinned;
   std::snprintf(line, sizeof line, "mnemosyne: fresh %s memory reads zero: %s (%s)%s",
                 backend_name(report.active), zero ? "yes" : "no", why,
-                zero ? "" : "; mnemosyne clears what must be zero");
+                zero      ? ""
+                : managed ? "; mnemosyne clears what must be zero, large blocks on the device"
+                          : "; mnemosyne clears what must be zero");
   warn(line);
 }
 

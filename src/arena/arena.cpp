@@ -106,6 +106,13 @@ bool reads_zero(const Segment& seg) noexcept {
   return reads_zero_given(seg.fresh_zero);
 }
 
+// mimalloc clears a huge calloc block that is not known zero with this
+// (mimalloc-huge-calloc.patch): the way its backend clears memory, which for
+// managed memory is the device, so no page of the block enters host RAM.
+void clear_huge_block(void* p, std::size_t size) noexcept {
+  clear_memory(owner_backend(owner_tag(p)), p, size);
+}
+
 // Adds an arena of at least `min_bytes`; the caller holds grow_lock.
 bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
   if (g_state.arenas >= kMaxArenas) {
@@ -152,7 +159,9 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
   // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
-  // blocks.
+  // blocks (huge ones with clear_huge_block). Memory known zero spares a
+  // huge calloc block on never-used memory any clearing
+  // (mimalloc-huge-calloc.patch).
   if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/true, /*is_large=*/false,
                               reads_zero(seg), /*numa_node=*/-1, /*exclusive=*/false, nullptr)) {
     Segment removed;
@@ -279,7 +288,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
   g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
   g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
   g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
-  if (zero && !reads_zero(seg)) std::memset(seg.start, 0, size);
+  if (zero && !reads_zero(seg)) clear_memory(backend, seg.start, size);
   return seg.start;
 }
 
@@ -297,6 +306,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   mi_option_set(mi_option_large_os_pages, 0);
   mi_option_set(mi_option_page_reset, 0);
   mi_option_set(mi_option_destroy_on_exit, 0);
+  mnemosyne_mi_set_huge_clear(&clear_huge_block);
   mi_process_init();
 
   report->requested = cfg.backend;

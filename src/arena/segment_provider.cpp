@@ -44,6 +44,10 @@ bool backend_fresh_zero(BackendId backend) noexcept {
   return with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
 }
 
+void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
+  with_backend(backend, [&]<MemoryBackend B>() { B::clear(ptr, size); });
+}
+
 void release_segment(const Segment& segment) noexcept {
   owner_map_set(segment.start, segment.size, 0);
   if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(segment.backend)) {

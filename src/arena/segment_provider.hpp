@@ -30,6 +30,10 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Seg
 // Whether memory fresh from `backend` reads zero, as the backend says.
 bool backend_fresh_zero(BackendId backend) noexcept;
 
+// Sets `size` bytes at `ptr`, memory of `backend`, to zero the way that
+// backend clears it (the device for managed memory, the CPU otherwise).
+void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept;
+
 // Gives a segment back to its backend. In a forked child, segments that came
 // from a CUDA backend are the child's own copies (see fork_copy.hpp) and are
 // unmapped instead: the driver is never called there.

@@ -26,6 +26,9 @@ struct ManagedMemory {
   // it: not relied on (MNEMOSYNE_ZEROED=yes asserts it; scripts/gpu-check.sh
   // measures it on hardware).
   static bool fresh_memory_zero() noexcept { return false; }
+  // clear(): cuMemsetD8Async on a stream of mnemosyne's own, then waits for
+  // it; the CPU clears instead where the driver cannot (no usable driver,
+  // a driver call on this thread, or the call failed).
 };
 
 // CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
@@ -34,6 +37,7 @@ struct CudaUnified : ManagedMemory {
   static constexpr const char* kName = "unified";
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
@@ -45,6 +49,7 @@ struct CudaDevice : ManagedMemory {
   static constexpr const char* kName = "device";
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
@@ -55,6 +60,7 @@ struct CudaHbm : ManagedMemory {
   static constexpr const char* kName = "hbm";
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
@@ -63,6 +69,7 @@ struct CudaGddr : ManagedMemory {
   static constexpr const char* kName = "gddr";
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
@@ -83,6 +90,7 @@ struct CudaHostPinned : CpuMemory {
   static bool fresh_memory_zero() noexcept;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 
@@ -95,6 +103,7 @@ struct Host : CpuMemory {
   static bool fresh_memory_zero() noexcept { return true; }
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
 

@@ -23,15 +23,17 @@ inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1
 }
 
 struct BackendCounters {
-  std::atomic<std::uint64_t> allocations{0};      // successful allocate()
-  std::atomic<std::uint64_t> deallocations{0};    // successful deallocate()
-  std::atomic<std::uint64_t> bytes_allocated{0};  // sum of sizes allocated
-  std::atomic<std::uint64_t> bytes_live{0};       // allocated - deallocated
-  std::atomic<std::uint64_t> driver_calls{0};     // every driver (or mmap) call
-  std::atomic<std::uint64_t> driver_failures{0};  // calls that returned an error
-  std::atomic<std::uint64_t> advice_failures{0};  // cuMemAdvise errors (device tiers)
-  std::atomic<std::uint64_t> registry_full{0};    // allocations rolled back
-  std::atomic<std::uint64_t> driver_ns{0};        // time spent in those calls
+  std::atomic<std::uint64_t> allocations{0};              // successful allocate()
+  std::atomic<std::uint64_t> deallocations{0};            // successful deallocate()
+  std::atomic<std::uint64_t> bytes_allocated{0};          // sum of sizes allocated
+  std::atomic<std::uint64_t> bytes_live{0};               // allocated - deallocated
+  std::atomic<std::uint64_t> driver_calls{0};             // every driver (or mmap) call
+  std::atomic<std::uint64_t> driver_failures{0};          // calls that returned an error
+  std::atomic<std::uint64_t> advice_failures{0};          // cuMemAdvise errors (device tiers)
+  std::atomic<std::uint64_t> registry_full{0};            // allocations rolled back
+  std::atomic<std::uint64_t> driver_ns{0};                // time spent in those calls
+  std::atomic<std::uint64_t> bytes_cleared_on_device{0};  // clear() by the driver
+  std::atomic<std::uint64_t> bytes_cleared_on_cpu{0};     // clear() by the CPU
   // The last failed allocate(), for messages: which step, the driver's
   // answer, and the size asked for.
   std::atomic<int> last_failure_step{0};  // a FailureStep

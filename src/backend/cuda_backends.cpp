@@ -156,6 +156,42 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
   return released;
 }
 
+// Managed memory cleared by the device, so that no page of it is populated
+// in host RAM for it: cuMemsetD8Async on a non-blocking stream of our own
+// (the legacy stream's cuMemsetD8 would first wait for the program's work
+// on it), then cuStreamSynchronize, as an Async memset returns before it is
+// done. The CPU clears instead when the driver cannot be asked: no usable
+// driver (none, or a forked child), a call from inside a driver call on this
+// thread (the driver is calling malloc: asking it again could deadlock),
+// entry points missing, or a call that failed.
+template <class Ops>
+void cuda_clear(void* ptr, std::size_t size) noexcept {
+  BackendCounters& c = backend_counters(Ops::kId);
+  const DriverApi* api = driver_api();
+  bool done = false;
+  if (api != nullptr && !in_driver_call() && api->cuStreamCreate != nullptr &&
+      api->cuMemsetD8Async != nullptr && api->cuStreamSynchronize != nullptr &&
+      api->cuStreamDestroy != nullptr) {
+    const std::uint64_t start = detail::monotonic_ns();
+    DriverCall call;
+    CUstream stream = nullptr;
+    count_event(c.driver_calls);
+    if (call.ok() && api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+      count_event(c.driver_calls, 3);
+      done = api->cuMemsetD8Async(to_device_ptr(ptr), 0, size, stream) == CUDA_SUCCESS &&
+             api->cuStreamSynchronize(stream) == CUDA_SUCCESS;
+      api->cuStreamDestroy(stream);
+    }
+    if (!done) count_event(c.driver_failures);
+    count_event(c.driver_ns, detail::monotonic_ns() - start);
+  }
+  if (done) {
+    count_event(c.bytes_cleared_on_device, size);
+  } else {
+    detail::clear_on_cpu(Ops::kId, ptr, size);
+  }
+}
+
 }  // namespace
 
 bool CudaHostPinned::fresh_memory_zero() noexcept {
@@ -184,6 +220,9 @@ void* CudaUnified::allocate(std::size_t size) noexcept {
 bool CudaUnified::deallocate(void* ptr, std::size_t size) noexcept {
   return cuda_deallocate<UnifiedOps>(ptr, size);
 }
+void CudaUnified::clear(void* ptr, std::size_t size) noexcept {
+  cuda_clear<UnifiedOps>(ptr, size);
+}
 AllocationRegistry& CudaUnified::registry() noexcept {
   return UnifiedOps::registry();
 }
@@ -193,6 +232,9 @@ void* CudaDevice::allocate(std::size_t size) noexcept {
 }
 bool CudaDevice::deallocate(void* ptr, std::size_t size) noexcept {
   return cuda_deallocate<DeviceOps>(ptr, size);
+}
+void CudaDevice::clear(void* ptr, std::size_t size) noexcept {
+  cuda_clear<DeviceOps>(ptr, size);
 }
 AllocationRegistry& CudaDevice::registry() noexcept {
   return DeviceOps::registry();
@@ -204,6 +246,9 @@ void* CudaHbm::allocate(std::size_t size) noexcept {
 bool CudaHbm::deallocate(void* ptr, std::size_t size) noexcept {
   return cuda_deallocate<HbmOps>(ptr, size);
 }
+void CudaHbm::clear(void* ptr, std::size_t size) noexcept {
+  cuda_clear<HbmOps>(ptr, size);
+}
 AllocationRegistry& CudaHbm::registry() noexcept {
   return HbmOps::registry();
 }
@@ -214,6 +259,9 @@ void* CudaGddr::allocate(std::size_t size) noexcept {
 bool CudaGddr::deallocate(void* ptr, std::size_t size) noexcept {
   return cuda_deallocate<GddrOps>(ptr, size);
 }
+void CudaGddr::clear(void* ptr, std::size_t size) noexcept {
+  cuda_clear<GddrOps>(ptr, size);
+}
 AllocationRegistry& CudaGddr::registry() noexcept {
   return GddrOps::registry();
 }
@@ -223,6 +271,10 @@ void* CudaHostPinned::allocate(std::size_t size) noexcept {
 }
 bool CudaHostPinned::deallocate(void* ptr, std::size_t size) noexcept {
   return cuda_deallocate<PinnedOps>(ptr, size);
+}
+// Pinned memory is host RAM, resident already: the CPU clears it in place.
+void CudaHostPinned::clear(void* ptr, std::size_t size) noexcept {
+  detail::clear_on_cpu(kId, ptr, size);
 }
 AllocationRegistry& CudaHostPinned::registry() noexcept {
   return PinnedOps::registry();

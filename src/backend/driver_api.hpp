@@ -28,8 +28,13 @@ struct DriverApi {
   PFN_cuMemHostAlloc_v2020 cuMemHostAlloc;
   PFN_cuMemFreeHost_v2000 cuMemFreeHost;
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute;
-  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH;      // cuMemcpyDtoH_v2; optional: may be null
-  PFN_cuGetErrorName_v6000 cuGetErrorName;  // optional: may be null
+  PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH;  // cuMemcpyDtoH_v2; optional: may be null
+  // Clearing managed memory on the device (optional: may be null).
+  PFN_cuStreamCreate_v2000 cuStreamCreate;
+  PFN_cuMemsetD8Async_v3020 cuMemsetD8Async;
+  PFN_cuStreamSynchronize_v2000 cuStreamSynchronize;
+  PFN_cuStreamDestroy_v4000 cuStreamDestroy;  // cuStreamDestroy_v2
+  PFN_cuGetErrorName_v6000 cuGetErrorName;    // optional: may be null
 };
 
 }  // namespace mnemosyne

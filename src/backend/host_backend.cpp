@@ -53,6 +53,17 @@ bool Host::deallocate(void* ptr, std::size_t size) noexcept {
   return true;
 }
 
+void Host::clear(void* ptr, std::size_t size) noexcept {
+  detail::clear_on_cpu(kId, ptr, size);
+}
+
+namespace detail {
+void clear_on_cpu(BackendId id, void* ptr, std::size_t size) noexcept {
+  std::memset(ptr, 0, size);
+  count_event(backend_counters(id).bytes_cleared_on_cpu, size);
+}
+}  // namespace detail
+
 bool CpuMemory::copy_out(void* dst, const void* src, std::size_t size) noexcept {
   std::memcpy(dst, src, size);
   return true;

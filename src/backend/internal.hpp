@@ -2,8 +2,10 @@
 // backend's public contract.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
+#include "backend/backend_id.hpp"
 #include "platform/platform.hpp"
 
 namespace mnemosyne::detail {
@@ -29,5 +31,8 @@ int freeze_device_ordinal() noexcept;
 inline std::uint64_t monotonic_ns() noexcept {
   return Os::monotonic_ns();
 }
+
+// Clears memory of backend `id` with the CPU, counted.
+void clear_on_cpu(BackendId id, void* ptr, std::size_t size) noexcept;
 
 }  // namespace mnemosyne::detail

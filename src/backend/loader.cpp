@@ -101,7 +101,8 @@ class Resolver {
 
 // Every entry point. Required: what loading and the backends need to
 // allocate and free. Optional (null when absent): the probes, test contexts,
-// advice, the fork copy's device-to-host copy and error names.
+// advice, the fork copy's device-to-host copy, clearing on the device and
+// error names.
 bool resolve_all(Resolver& r) noexcept {
   DriverApi& a = g_api;
   constexpr bool req = true;
@@ -128,6 +129,10 @@ bool resolve_all(Resolver& r) noexcept {
          r.resolve(&a.cuCtxDestroy, "cuCtxDestroy", "cuCtxDestroy_v2", 4000, opt) &&
          r.resolve(&a.cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute", 4000, opt) &&
          r.resolve(&a.cuMemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020, opt) &&
+         r.resolve(&a.cuStreamCreate, "cuStreamCreate", "cuStreamCreate", 2000, opt) &&
+         r.resolve(&a.cuMemsetD8Async, "cuMemsetD8Async", "cuMemsetD8Async", 3020, opt) &&
+         r.resolve(&a.cuStreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 2000, opt) &&
+         r.resolve(&a.cuStreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2", 4000, opt) &&
          r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt);
   // clang-format on
 }

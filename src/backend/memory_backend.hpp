@@ -32,6 +32,11 @@ concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* p
   // zero (mimalloc's segment metadata, calloc's blocks) itself.
   { B::fresh_memory_zero() }
   noexcept->std::same_as<bool>;
+  // Sets `size` bytes of this backend's memory at `ptr` to zero in the
+  // cheapest correct way for where it lives: the device clears managed
+  // memory (no page of it enters host RAM); the CPU clears host memory.
+  { B::clear(ptr, size) }
+  noexcept->std::same_as<void>;
 } && std::same_as<std::remove_cv_t<decltype(B::kId)>, BackendId> &&
     std::convertible_to<decltype(B::kName), const char*> &&
     // A child created by fork() without exec still sees this memory.

@@ -12,6 +12,10 @@
 //   promise_probe calloc       calloc of sizes from 1 byte to 128 MiB, each
 //                              checked zero, then dirtied and freed, twice
 //                              over: fresh memory and reused memory alike
+//   promise_probe calloc-big MiB
+//                              one calloc of MiB, one byte per MiB read,
+//                              freed; the peak RSS on stderr: a calloc that
+//                              needs no CPU pass leaves it far below MiB
 //   promise_probe mallinfo     mallinfo2/mallinfo while the program allocates
 //                              and frees small blocks, a large one, and blocks
 //                              an exited thread left: the bytes in use
@@ -230,6 +234,29 @@ int mode_calloc() {
   return dirty == 0 ? 0 : 1;
 }
 
+int mode_calloc_big(long mib) {
+  const std::size_t n = static_cast<std::size_t>(mib) << 20;
+  auto* p = static_cast<volatile unsigned char*>(std::calloc(n, 1));
+  if (p == nullptr) {
+    std::printf("calloc of %ld MiB failed\n", mib);
+    return 1;
+  }
+  // One byte per MiB, at an offset that moves through the pages: reading a
+  // page can populate it (it does on some kernels), and the peak RSS is the
+  // point. promise_probe calloc checks every byte of smaller blocks.
+  std::size_t dirty = 0;
+  for (std::size_t mib_at = 0; mib_at < n; mib_at += std::size_t{1} << 20) {
+    dirty += p[mib_at + (mib_at / 4096 * 4099) % (std::size_t{1} << 20)] != 0;
+  }
+  dirty += p[n - 1] != 0;
+  std::free(const_cast<unsigned char*>(p));
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf("calloc of %ld MiB: %zu sampled bytes are not zero\n", mib, dirty);
+  std::fprintf(stderr, "maxrss_kib=%ld\n", usage.ru_maxrss);
+  return dirty == 0 ? 0 : 1;
+}
+
 // What a program watching its heap reads from mallinfo2.
 struct Heap {
   std::size_t in_use;
@@ -318,11 +345,14 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "impossible") == 0) return mode_impossible();
   if (argc >= 2 && std::strcmp(argv[1], "mallinfo") == 0) return mode_mallinfo();
   if (argc >= 2 && std::strcmp(argv[1], "calloc") == 0) return mode_calloc();
+  if (argc >= 3 && std::strcmp(argv[1], "calloc-big") == 0) {
+    return mode_calloc_big(std::strtol(argv[2], nullptr, 10));
+  }
   if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
     return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
   }
-  std::fprintf(
-      stderr,
-      "usage: promise_probe align|stats-cancel|impossible|calloc|mallinfo|fork-limit MiB\n");
+  std::fprintf(stderr,
+               "usage: promise_probe align|stats-cancel|impossible|calloc|calloc-big MiB|mallinfo|"
+               "fork-limit MiB\n");
   return 2;
 }

@@ -19,6 +19,7 @@
 
 #include "arena/arena.hpp"
 #include "arena/ownership_map.hpp"
+#include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/loader.hpp"
 #include "backend_test_support.hpp"
@@ -301,8 +302,38 @@ TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
       EXPECT_TRUE(all_zero(dedicated, 40 * kMiB));
       release(dedicated);
       release(plain);
+      // Who cleared the huge blocks (40 MiB, twice): the device for managed
+      // memory, the CPU for pinned memory.
+      const BackendCounters& c = backend_counters(backend);
+      if (backend == BackendId::unified) {
+        EXPECT_GE(c.bytes_cleared_on_device.load(), 80 * kMiB);
+        EXPECT_EQ(c.bytes_cleared_on_cpu.load(), 0u);
+      } else {
+        EXPECT_EQ(c.bytes_cleared_on_device.load(), 0u);
+        EXPECT_GE(c.bytes_cleared_on_cpu.load(), 80 * kMiB);
+      }
     });
   }
+}
+
+// Memory known zero (the host backend's mmap) is not cleared for a huge
+// calloc block never used before; reused, it is, by the CPU.
+TEST(Arena, HugeCallocOnFreshZeroMemoryIsNotCleared) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::host)));
+    const BackendCounters& c = backend_counters(BackendId::host);
+    auto* p = static_cast<unsigned char*>(arena::alloc_zeroed(100 * kMiB));
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(c.bytes_cleared_on_cpu.load(), 0u) << "fresh memory was cleared";
+    EXPECT_TRUE(all_zero(p, 100 * kMiB));
+    std::memset(p, 0x5a, 100 * kMiB);
+    release(p);
+    p = static_cast<unsigned char*>(arena::alloc_zeroed(100 * kMiB));
+    ASSERT_NE(p, nullptr);
+    EXPECT_TRUE(all_zero(p, 100 * kMiB));
+    EXPECT_GE(c.bytes_cleared_on_cpu.load(), 100 * kMiB) << "reused memory was not cleared";
+    release(p);
+  });
 }
 
 TEST(Arena, ReallocKeepsContentsAcrossSegments) {

@@ -55,6 +55,11 @@ size_t mnemosyne_mi_arena_in_use(const void* arena_start);
  * Async-signal-safe: it only writes memory. */
 void mnemosyne_mi_fork_child(void);
 
+/* Who clears a huge block (above 16 MiB) that calloc asks for when its
+ * memory is not known zero (mimalloc-huge-calloc.patch); NULL, the default:
+ * mimalloc's memset. Set once, before the first allocation. */
+void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size));
+
 #ifdef __cplusplus
 }
 #endif
