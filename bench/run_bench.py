@@ -46,7 +46,7 @@ WORKLOADS = [
     ("realloc-chains", "realloc-chains", 2.0, 0.2, True),
     ("large", "large", 1.0, 0.2, True),
     ("threads-200", "threads-200", 1.0, 1.0, False),
-    ("calloc-large", "calloc-large", 1.0, 0.25, True),
+    ("calloc-large", "calloc-large", 3.0, 0.75, True),
     ("realloc-grow", "realloc-grow", 1.0, 0.25, True),
     ("impossible", "impossible", 1.0, 0.1, True),
 ]
@@ -264,7 +264,9 @@ def main():
                     print(f"bench: {name} under {alloc} failed (rc={rc}): "
                           f"{err.decode(errors='replace')[-300:]}", flush=True)
                     continue
-                samples[alloc].append((wall / share, cpu / share, rss, calls))
+                m = re.search(rb"call_ms=([0-9.]+)", err)  # a workload that times its call
+                call_ms = float(m.group(1)) if m else None
+                samples[alloc].append((wall / share, cpu / share, rss, calls, call_ms))
         for alloc, extra in allocs:
             got = samples[alloc]
             if not got:
@@ -274,7 +276,9 @@ def main():
                    "cpu_s": statistics.median(g[1] for g in got),
                    "peak_rss_kib": int(statistics.median(g[2] for g in got)),
                    "driver_allocations": int(statistics.median(g[3] for g in got)),
-                   "instructions": ""}
+                   "instructions": "",
+                   "call_ms": (statistics.median(g[4] for g in got)
+                               if all(g[4] is not None for g in got) else "")}
             if st and (not a.quick or name == "churn") and alloc != "naive":
                 count = instructions(argv_of(1.0), {**base_env, **extra})
                 row["instructions"] = count if count is not None else ""
@@ -337,7 +341,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
         print("\n".join(fork_section(forks)) if forks else "bench: nothing ran")
         return
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
-              "driver_allocations", "instructions"]
+              "driver_allocations", "instructions", "call_ms"]
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -381,6 +385,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
     if calls:
         md += ["Driver allocations (test double) per run, mnemosyne-unified: " +
                ", ".join(f"{r['workload']} {r['driver_allocations']}" for r in calls) + ".", ""]
+    md += call_section(rows)
     if starts:
         start_rows, n = starts
         md += ["## Start-up: /bin/true", "",
@@ -401,6 +406,26 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
         f.write("\n".join(md))
     plot(out, rows, names, others, today)
     print("\n".join(md))
+
+
+def call_section(rows):
+    """The workloads that time their one call (calloc-large): that call's
+    time and the process's peak RSS, against glibc's (not the naive
+    interposer's: it ran a share of the size)."""
+    md = []
+    timed = [r for r in rows if r["call_ms"] != "" and r["allocator"] != "naive"]
+    for name in dict.fromkeys(r["workload"] for r in timed):
+        mine = [r for r in timed if r["workload"] == name]
+        glibc = next((r for r in mine if r["allocator"] == "glibc"), None)
+        md += [f"## {name}: the call itself", "",
+               "| allocator | call | ratio to glibc | peak RSS |", "|---|---|---|---|"]
+        for r in mine:
+            rr = (f"{r['call_ms'] / glibc['call_ms']:.2f}x"
+                  if glibc and glibc["call_ms"] > 0 else "-")
+            md.append(f"| {r['allocator']} | {r['call_ms']:.3f} ms | {rr} | "
+                      f"{r['peak_rss_kib'] / 1024:.0f} MiB |")
+        md.append("")
+    return md
 
 
 def plot(out, rows, names, others, today):

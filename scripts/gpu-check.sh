@@ -267,15 +267,18 @@ for heap in unified pinned; do
   say "- \`$(grep -h 'fresh .* memory reads zero' "$logs/zeroed-$heap.log" | head -1)\`"
 done
 say ""
-say "What a 256 MiB calloc costs (mnemosyne zeroes fresh driver memory on the CPU):"
+say "What calloc costs: 256 MiB (a huge arena block) and 1100 MiB (a dedicated segment). Memory not known"
+say "zero is cleared by the device for managed heaps (cuMemsetD8Async: no host RAM), by the CPU for"
+say "pinned; host RAM is VmRSS growth before the block is read (one int per page is checked):"
 say ""
-say "| heap | calloc, ms | reads zero |"
-say "|---|---|---|"
+say "| heap | size, MiB | calloc, ms | host RAM, MiB | reads zero |"
+say "|---|---|---|---|---|"
 for heap in none unified device pinned; do
   status=$zero_status
   [ "$heap" = none ] || status=$(run_step "zero-$heap" 120 "$heap" "$probe" zero)
-  line=$(grep '^zero calloc' "$logs/zero-$heap.log")
-  say "| ${heap/none/glibc} | $(echo "$line" | field calloc_ms) | $(echo "$line" | field calloc_zero | yes_no) ($status) |"
+  grep '^zero calloc' "$logs/zero-$heap.log" | while read -r line; do
+    say "| ${heap/none/glibc} | $(( $(echo "$line" | field calloc_bytes) >> 20 )) | $(echo "$line" | field calloc_ms) | $(echo "$line" | field calloc_rss_mib) | $(echo "$line" | field calloc_zero | yes_no) ($status) |"
+  done
 done
 say ""
 

@@ -98,9 +98,10 @@ try:
     expect(len(costs) == 3, "cuMemAllocManaged, cuMemAdvise and cuMemHostAlloc at three sizes",
            costs)
     calloc = [l for l in report.splitlines()
-              if re.fullmatch(r"\| (glibc|unified|device|pinned) \| [0-9.]+ \| yes \(exit 0\) \|",
-                              l)]
-    expect(len(calloc) == 4, "a 256 MiB calloc is timed and reads zero under every heap", calloc)
+              if re.fullmatch(r"\| (glibc|unified|device|pinned) \| (256|1100) \| [0-9.]+ \| -?\d+ \| "
+                              r"yes \(exit 0\) \|", l)]
+    expect(len(calloc) == 8, "callocs of 256 MiB and 1100 MiB are timed and read zero under every heap",
+           calloc)
     numpy_here = subprocess.run(["/usr/bin/python3", "-c", "import numpy"]).returncode == 0
     if numpy_here:
         expect("| numpy | identical | identical | identical |" in report,

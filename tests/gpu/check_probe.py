@@ -72,8 +72,15 @@ expect(r.returncode == 0 and kinds == ["managed", "device", "pinned"],
        "zero: the double's fresh and reused blocks read zero, from the CPU and the GPU", r)
 expect("calloc_zero=1 driver_memory=0" in r.stdout, "zero: without mnemosyne calloc is glibc's", r)
 r, _ = probe(["zero"], preload="pinned")
-expect(re.search(r"calloc_ms=[0-9.]+ calloc_zero=1 driver_memory=1 is_managed=0", r.stdout),
-       "zero: under pinned, a 256 MiB calloc is zeroed driver memory", r)
+expect(len(re.findall(r"calloc_ms=[0-9.]+ calloc_rss_mib=-?\d+ calloc_zero=1 driver_memory=1 "
+                      r"is_managed=0", r.stdout)) == 2,
+       "zero: under pinned, callocs of 256 MiB and 1100 MiB are zeroed driver memory", r)
+r, _ = probe(["zero"], preload="unified")
+small = [int(m) for m in re.findall(r"calloc_rss_mib=(-?\d+) calloc_zero=1 driver_memory=1 "
+                                    r"is_managed=1", r.stdout)]
+expect(len(small) == 2 and max(small) < 64,
+       "zero: under unified, callocs of 256 MiB and 1100 MiB read zero and took no host RAM (the "
+       "device cleared them)", r)
 # cudaDeviceReset: the primary context's reset frees a heap allocated in it
 # (the double then dies inside the reset, freeing its own bookkeeping); a
 # heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own) outlives it.

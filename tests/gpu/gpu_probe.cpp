@@ -331,6 +331,16 @@ int run_costs() {
   return 0;
 }
 
+// This process's resident set (VmRSS), in KiB; 0 when unreadable.
+long rss_kib() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::strtol(line.c_str() + 6, nullptr, 10);
+  }
+  return 0;
+}
+
 bool all_equal(const int* data, std::size_t count, int value) {
   return std::all_of(data, data + count, [value](int v) { return v == value; });
 }
@@ -375,8 +385,8 @@ const char* reads_zero(CUfunction add, const ZeroKind& kind, int* data, unsigned
 
 // Whether the driver hands out memory that reads zero, first in this
 // process and again after a block written by the CPU and the GPU was freed
-// (mnemosyne's calloc zeroes driver memory on the CPU until this is known);
-// then what a 256 MiB calloc costs under the heap this runs with.
+// (mnemosyne trusts only what the module's setting or this says); then
+// what a calloc of 256 MiB and of 1100 MiB costs under the heap this runs with.
 int run_zero() {
   CUfunction add = nullptr;
   if (!start_with_kernel("zero", &add)) return 1;
@@ -399,14 +409,26 @@ int run_zero() {
                 again == first ? 1 : 0);
     if (again != nullptr) driver_free(kind, again);
   }
-  constexpr std::size_t kCalloc = std::size_t{256} << 20;
-  const auto t = std::chrono::steady_clock::now();
-  auto* block = static_cast<int*>(std::calloc(kCalloc, 1));
-  const double ms = ms_since(t);
-  const bool zero = block != nullptr && all_equal(block, kCalloc / sizeof(int), 0);
-  std::printf("zero calloc_bytes=%zu calloc_ms=%.2f calloc_zero=%d %s\n", kCalloc, ms, zero ? 1 : 0,
-              attributes_of(block).c_str());
-  std::free(block);
+  // calloc of a huge arena block and of a dedicated one: its time, the host
+  // RAM it took (before anything reads it), and its zeros (one int per MiB,
+  // at an offset that moves through the pages: reading every page would
+  // bring managed memory to the CPU, and populate it on some kernels).
+  for (const std::size_t bytes : {std::size_t{256} << 20, std::size_t{1100} << 20}) {
+    const long rss_before = rss_kib();
+    const auto t = std::chrono::steady_clock::now();
+    auto* block = static_cast<int*>(std::calloc(bytes, 1));
+    const double ms = ms_since(t);
+    const long rss_mib = (rss_kib() - rss_before) >> 10;
+    bool zero = block != nullptr;
+    constexpr std::size_t kMiBInts = (std::size_t{1} << 20) / sizeof(int);
+    for (std::size_t i = 0; zero && i < bytes / sizeof(int); i += kMiBInts) {
+      zero = block[i + (i / 1024 * 1027) % kMiBInts] == 0;
+    }
+    if (zero) zero = block[bytes / sizeof(int) - 1] == 0;
+    std::printf("zero calloc_bytes=%zu calloc_ms=%.2f calloc_rss_mib=%ld calloc_zero=%d %s\n",
+                bytes, ms, rss_mib, zero ? 1 : 0, attributes_of(block).c_str());
+    std::free(block);
+  }
   return 0;
 }
 
