@@ -280,10 +280,15 @@ MNEMOSYNE_API_VISIBILITY int MNEMOSYNE_API(posix_memalign)(void** out, std::size
 // glibc's memalign accepts any alignment: one up to alignof(max_align_t)
 // is malloc's, one above SIZE_MAX / 2 + 1 (no power of two) is EINVAL, any
 // other is rounded up to a power of two (whose padding may then not fit:
-// ENOMEM).
+// ENOMEM). malloc's alignment is glibc's 16 bytes for every block, but
+// mimalloc's only for blocks over 8 bytes (smaller ones come 8-aligned): a
+// smaller request is served at the alignment's size, so that
+// aligned_alloc(16, 0) is 16-aligned as with glibc.
 MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(memalign)(std::size_t alignment,
                                                        std::size_t size) noexcept {
-  if (alignment <= alignof(std::max_align_t)) return MNEMOSYNE_API(malloc)(size);
+  if (alignment <= alignof(std::max_align_t)) {
+    return MNEMOSYNE_API(malloc)(size < alignment ? alignment : size);
+  }
   if (alignment > (SIZE_MAX >> 1) + 1) {
     errno = EINVAL;
     return nullptr;

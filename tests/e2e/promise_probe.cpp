@@ -85,6 +85,21 @@ int mode_align() {
     std::free(q);
     if (r_rc == 0) std::free(r);
   }
+  // Small alignments of small sizes, many at once (where consecutive small
+  // blocks lie): each block as aligned as asked.
+  int misaligned = 0;
+  void* small[64];
+  for (int i = 0; i < 64; ++i) {
+    const std::size_t align = std::size_t{2} << (i % 4);               // 2 .. 16
+    const std::size_t size = opaque(static_cast<std::size_t>(i % 9));  // 0 .. 8
+    small[i] = i % 2 == 0 ? memalign(align, size) : aligned_alloc(align, size);
+    // Through a volatile: the compiler assumes memalign's result is aligned
+    // and would fold the check away.
+    volatile std::uintptr_t address = reinterpret_cast<std::uintptr_t>(small[i]);
+    if (small[i] == nullptr || address % align != 0) ++misaligned;
+  }
+  for (void* b : small) std::free(b);
+  std::printf("64 small blocks of alignments 2 to 16: %d not aligned as asked\n", misaligned);
   // A valid alignment with a size whose padding overflows.
   errno = 0;
   void* p = memalign(4096, opaque(SIZE_MAX - 100));
