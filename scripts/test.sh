@@ -182,7 +182,11 @@ if [ $quick -eq 0 ]; then
       passed=$((passed + 1))
     else
       echo "fuzz $harness: FAILED (input saved in build-fuzz/artifacts/):"
-      tail -30 "$scratch/replay.log" "$scratch/fuzz.log" 2>/dev/null
+      # Whichever logs exist (a failed replay leaves no fuzz.log): a missing
+      # one must not end the script before the report is printed.
+      for log in "$scratch/replay.log" "$scratch/fuzz.log"; do
+        if [ -f "$log" ]; then grep -v '^#[0-9]' "$log" | tail -40 || true; fi
+      done
       status=1; failed=$((failed + 1))
     fi
     rm -rf "$scratch"
