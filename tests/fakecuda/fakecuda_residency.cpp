@@ -171,36 +171,51 @@ bool on_device(std::uintptr_t p) noexcept {
          r->state[(p - r->start.load()) / page_size()].load(std::memory_order_acquire) != kOnCpu;
 }
 
+// Walks [addr, addr + n), in one block whose device range is `r` (or none),
+// page piece by page piece: f(addr, len, store) with `store` the piece's bytes
+// in the driver when its page is on the device, else nullptr (the CPU's).
+template <class F>
+void each_piece_where_it_lives(DeviceRange* r, std::uintptr_t addr, std::size_t n, F f) noexcept {
+  const std::size_t page = page_size();
+  while (n > 0) {
+    const std::size_t in_page = page - addr % page;
+    const std::size_t len = n < in_page ? n : in_page;
+    unsigned char* store = nullptr;
+    if (r != nullptr) {
+      const std::size_t index = (addr - r->start.load()) / page;
+      while (r->state[index].load(std::memory_order_acquire) == kMigrating) {
+      }
+      if (r->state[index].load(std::memory_order_acquire) == kOnDevice) {
+        store = r->store + (addr - r->start.load());
+      }
+    }
+    f(addr, len, store);
+    addr += len;
+    n -= len;
+  }
+}
+
 void read_where_it_lives(void* dst, std::uintptr_t src, std::size_t n) noexcept {
   const std::size_t page = page_size();
   auto* out = static_cast<unsigned char*>(dst);
-  DeviceRange* r = find_range(src);  // [src, src + n) lies in one block
-  while (n > 0) {
-    const std::size_t in_page = page - src % page;
-    const std::size_t len = n < in_page ? n : in_page;
-    bool from_store = false;
-    if (r != nullptr) {
-      const std::size_t index = (src - r->start.load()) / page;
-      while (r->state[index].load(std::memory_order_acquire) == kMigrating) {
-      }
-      from_store = r->state[index].load(std::memory_order_acquire) == kOnDevice;
-      if (from_store) memcpy(out, r->store + (src - r->start.load()), len);
-    }
-    if (!from_store) {
-      // A page nobody has touched is not populated anywhere: it reads as
-      // zeros, as the driver knows without touching it.
-      unsigned char resident = 0;
-      const auto page_start = reinterpret_cast<void*>(src - src % page);
-      if (mincore(page_start, page, &resident) == 0 && (resident & 1) == 0) {
-        memset(out, 0, len);
-      } else {
-        memcpy(out, reinterpret_cast<const void*>(src), len);
-      }
-    }
-    out += len;
-    src += len;
-    n -= len;
-  }
+  // [src, src + n) lies in one block.
+  each_piece_where_it_lives(
+      find_range(src), src, n, [&](std::uintptr_t at, std::size_t len, unsigned char* store) {
+        if (store != nullptr) {
+          memcpy(out, store, len);
+        } else {
+          // A page nobody has touched is not populated anywhere: it reads as
+          // zeros, as the driver knows without touching it.
+          unsigned char resident = 0;
+          const auto page_start = reinterpret_cast<void*>(at - at % page);
+          if (mincore(page_start, page, &resident) == 0 && (resident & 1) == 0) {
+            memset(out, 0, len);
+          } else {
+            memcpy(out, reinterpret_cast<const void*>(at), len);
+          }
+        }
+        out += len;
+      });
 }
 
 void set_where_it_lives(std::uintptr_t dst, std::size_t n, unsigned char value,
@@ -222,21 +237,10 @@ void set_where_it_lives(std::uintptr_t dst, std::size_t n, unsigned char value,
       return;
     }
   }
-  while (n > 0) {
-    const std::size_t in_page = page - dst % page;
-    const std::size_t len = n < in_page ? n : in_page;
-    bool on_dev = false;
-    if (r != nullptr) {
-      const std::size_t index = (dst - r->start.load()) / page;
-      while (r->state[index].load(std::memory_order_acquire) == kMigrating) {
-      }
-      on_dev = r->state[index].load(std::memory_order_acquire) == kOnDevice;
-      if (on_dev) memset(r->store + (dst - r->start.load()), value, len);
-    }
-    if (!on_dev) memset(reinterpret_cast<void*>(dst), value, len);
-    dst += len;
-    n -= len;
-  }
+  each_piece_where_it_lives(
+      r, dst, n, [&](std::uintptr_t at, std::size_t len, unsigned char* store) {
+        memset(store != nullptr ? store : reinterpret_cast<unsigned char*>(at), value, len);
+      });
 }
 
 void forget_device_range(std::uintptr_t block) noexcept {
