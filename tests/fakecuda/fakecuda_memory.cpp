@@ -80,6 +80,12 @@ Block* containing(std::uintptr_t p) noexcept {
   return p - b->addr < b->size ? b : nullptr;
 }
 
+// Whether [p, p + n) lies in block `b` (which holds p, or is null), up to
+// its page-rounded end: what the driver's copy, memset and kernel accept.
+bool lies_in(const Block* b, std::uintptr_t p, std::size_t n) noexcept {
+  return b != nullptr && n <= b->map_len - (p - b->addr);
+}
+
 // The managed block that holds all of [p, p + count), count > 0 (up to its
 // page-rounded end), or nullptr: what the advice and range calls accept.
 Block* managed_holding(std::uintptr_t p, std::size_t count) noexcept {
@@ -451,7 +457,7 @@ FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size
   const Block* b = containing(src);
   if (usable_current() == nullptr) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (dstHost == nullptr || b == nullptr || ByteCount > b->map_len - (src - b->addr)) {
+  } else if (dstHost == nullptr || !lies_in(b, src, ByteCount)) {
     rc = CUDA_ERROR_INVALID_VALUE;  // the source must lie in one block the driver handed out
     if (b == nullptr) {             // e.g. freed meanwhile: tests tell that race from a bad address
       log_line("dtoh-unknown ptr=0x%llx size=%zu", static_cast<unsigned long long>(src), ByteCount);
@@ -563,7 +569,7 @@ FAKECUDA_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, s
     rc = CUDA_ERROR_INVALID_CONTEXT;
   } else if (!stream_valid(hStream)) {
     rc = CUDA_ERROR_INVALID_HANDLE;
-  } else if (b == nullptr || N > b->map_len - (dst - b->addr)) {
+  } else if (!lies_in(b, dst, N)) {
     rc = CUDA_ERROR_INVALID_VALUE;
   } else {
     set_where_it_lives(dst, N, uc, b->kind == kManaged);
@@ -655,8 +661,7 @@ FAKECUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned g
   const auto start = reinterpret_cast<std::uintptr_t>(data);
   lock(kCall);
   const Block* b = containing(start);
-  const bool reachable = g_config.pageable != 0 ||
-                         (b != nullptr && count * sizeof(int) <= b->map_len - (start - b->addr));
+  const bool reachable = g_config.pageable != 0 || lies_in(b, start, count * sizeof(int));
   unlock();
   log_line("launch ptr=0x%llx count=%zu reachable=%d", static_cast<unsigned long long>(start),
            count, reachable ? 1 : 0);
@@ -692,7 +697,7 @@ FAKECUDA_API long fakecuda_migrate_to_device(const void* p, size_t n) {
   const auto a = reinterpret_cast<std::uintptr_t>(p);
   const Block* b = containing(a);
   long moved = -1;
-  if (b != nullptr && b->kind == kManaged && n <= b->map_len - (a - b->addr)) {
+  if (lies_in(b, a, n) && b->kind == kManaged) {
     moved = migrate_to_device(b->addr, b->map_len, a, n);
   }
   unlock();
