@@ -137,10 +137,10 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // smaller arena (managed memory near the device's capacity, pinned memory
   // under the locked-memory limit): halve down to what the request needs.
   Segment seg;
-  bool got = acquire_segment(backend, want, kSegmentAlign, &seg);
+  bool got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/true, &seg);
   while (!got && want > need) {
     want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
-    got = acquire_segment(backend, want, kSegmentAlign, &seg);
+    got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/true, &seg);
   }
   if (!got) {
     describe_refusal(backend, want, why, why_len);
@@ -155,15 +155,19 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     return false;
   }
   owner_map_set(seg.start, seg.size,
-                static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
+                static_cast<std::uint8_t>(kOwnerArena | (seg.on_demand ? kOwnerOnDemand : 0) |
+                                          std::uint8_t(backend)));
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
   // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
   // blocks (huge ones with clear_huge_block). Memory known zero spares a
   // huge calloc block on never-used memory any clearing
-  // (mimalloc-huge-calloc.patch).
-  if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/true, /*is_large=*/false,
-                              reads_zero(seg), /*numa_node=*/-1, /*exclusive=*/false, nullptr)) {
+  // (mimalloc-huge-calloc.patch). A reservation is declared uncommitted:
+  // mimalloc then commits what it uses, through commit_range, and decommits
+  // what it frees after its purge delay.
+  if (!mi_manage_os_memory_ex(seg.start, seg.size, /*is_committed=*/!seg.on_demand,
+                              /*is_large=*/false, reads_zero(seg), /*numa_node=*/-1,
+                              /*exclusive=*/false, nullptr)) {
     Segment removed;
     g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
     release_segment(seg);
@@ -272,7 +276,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
     return nullptr;
   }
   Segment seg;
-  if (!acquire_segment(backend, rounded, align, &seg)) {
+  if (!acquire_segment(backend, rounded, align, /*reserve=*/false, &seg)) {
     describe_refusal(backend, rounded, why, why_len);
     return nullptr;
   }
@@ -294,6 +298,15 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
 
 }  // namespace
 
+// mimalloc's OS layer asks the segment provider first (mimalloc-os-hooks.patch).
+// A driver call may set errno; a successful malloc must not.
+static int os_hook(void* start, std::size_t size, int op) {
+  const int saved = errno;
+  const int r = commit_range(start, size, op);
+  errno = saved;
+  return r;
+}
+
 bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.cfg = cfg;
   // Every user byte comes from arenas this file adds; options a user could
@@ -306,7 +319,12 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   mi_option_set(mi_option_large_os_pages, 0);
   mi_option_set(mi_option_page_reset, 0);
   mi_option_set(mi_option_destroy_on_exit, 0);
+  // Segments of reserved memory commit what they use, as they use it (a
+  // thread's first 64 bytes commit about 1 MiB of its segment, not 32):
+  // committed arenas ignore this.
+  mi_option_set(mi_option_eager_commit, 0);
   mnemosyne_mi_set_huge_clear(&clear_huge_block);
+  mnemosyne_mi_set_os_hook(&os_hook);
   mi_process_init();
 
   report->requested = cfg.backend;
@@ -363,12 +381,31 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     // as all before it, and their number is capped (kMaxArenas), so this
     // ends. It stops early only when the backend said no, or when the wait
     // for another thread's growth timed out.
+    //
+    // mimalloc may also stop at memory the backend has reserved but not
+    // backed yet (it cannot call the driver from inside mimalloc): that is
+    // backed here and asked again, for as long as backing succeeds: another
+    // thread may take what was backed first, but each backing adds memory
+    // the arena keeps backed, so no thread goes to the host heap because
+    // others were faster. A backend that refuses (the driver would not
+    // page-lock more) would refuse a larger arena the same way.
+    bool pending = false;
+    commit_pending(&pending);  // none should be left, but a stale one is harmless
+    bool refused = false;
     for (;;) {
       const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);
       p = mi_retry(size, alignment, zero);
-      if (p != nullptr || !grow(size + alignment, seen)) break;
+      if (p != nullptr) break;
+      if (const bool backed = commit_pending(&pending); pending) {
+        refused = !backed;
+        if (refused) break;
+        continue;
+      }
+      if (!grow(size + alignment, seen)) break;
     }
-    if (p == nullptr && !g_state.exhausted.load()) {
+    if (refused) {
+      why = "the driver refused to page-lock more memory";
+    } else if (p == nullptr && !g_state.exhausted.load()) {
       why = "another thread's arena growth did not finish in time";
     }
   }

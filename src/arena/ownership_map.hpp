@@ -22,6 +22,7 @@ inline constexpr std::size_t kOwnerMapEntries = std::size_t{1} << (kAddressBits 
 // An entry: 0 = not ours; otherwise a kind bit and the backend id.
 inline constexpr std::uint8_t kOwnerArena = 0x40;      // mimalloc arena memory
 inline constexpr std::uint8_t kOwnerDedicated = 0x80;  // one block, one segment
+inline constexpr std::uint8_t kOwnerOnDemand = 0x20;   // backed only where committed
 inline constexpr std::uint8_t kOwnerBackendMask = 0x0f;
 
 extern std::atomic<std::uint8_t> g_owner_map[kOwnerMapEntries];

@@ -3,6 +3,8 @@
 #include <atomic>
 #include <cstdint>
 
+#include <mimalloc-live.h>
+
 #include "arena/ownership_map.hpp"
 #include "backend/backends.hpp"
 #include "platform/platform.hpp"
@@ -11,33 +13,93 @@ namespace mnemosyne {
 namespace {
 
 std::atomic<bool> g_forked_child{false};
+// The range of this thread's last commit that needed the driver.
+struct PendingCommit {
+  void* start = nullptr;
+  std::size_t size = 0;
+};
+thread_local PendingCommit t_pending;
+
+// Commits [start, start + size) of a reserved segment through its backend.
+bool backend_commit(void* start, std::size_t size, bool may_call_driver) noexcept {
+  return with_backend(owner_backend(owner_tag(start)), [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      return B::commit(start, size, may_call_driver);
+    } else {
+      return true;
+    }
+  });
+}
 
 std::size_t page_size() noexcept {
   return Os::page_size();
 }
 
+// Returns a segment's memory to its backend, the way it was acquired.
+void give_back(const Segment& segment) noexcept {
+  with_backend(segment.backend, [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      if (segment.on_demand) return B::release(segment.raw, segment.raw_size);
+    }
+    return B::deallocate(segment.raw, segment.raw_size);
+  });
+}
+
 }  // namespace
 
-bool acquire_segment(BackendId backend, std::size_t size, std::size_t align,
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, bool reserve,
                      Segment* out) noexcept {
   if (align < kSegmentAlign || (align & (align - 1)) != 0) return false;
   size = round_up(size, kSegmentAlign);
   const std::size_t raw_size = size + align - page_size();
   if (size == 0 || raw_size < size) return false;  // overflow
 
-  void* raw = with_backend(backend, [&]<MemoryBackend B>() { return B::allocate(raw_size); });
+  void* raw = nullptr;
+  bool on_demand = false;
+  if (reserve) {
+    raw = with_backend(backend, [&]<MemoryBackend B>() -> void* {
+      if constexpr (B::commits_on_demand) {
+        return B::reserve(raw_size);
+      } else {
+        return nullptr;
+      }
+    });
+    on_demand = raw != nullptr;
+  }
+  if (raw == nullptr) {
+    raw = with_backend(backend, [&]<MemoryBackend B>() { return B::allocate(raw_size); });
+  }
   if (raw == nullptr) return false;
 
   const auto raw_addr = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t start = (raw_addr + align - 1) & ~(std::uintptr_t{align} - 1);
   const std::size_t usable = (raw_addr + raw_size - start) / kSegmentAlign * kSegmentAlign;
+  *out = Segment{reinterpret_cast<void*>(start),           usable,   raw, raw_size, backend,
+                 on_demand || backend_fresh_zero(backend), on_demand};
   if (!owner_map_covers(reinterpret_cast<void*>(start), usable)) {
-    with_backend(backend, [&]<MemoryBackend B>() { return B::deallocate(raw, raw_size); });
+    give_back(*out);
     return false;
   }
-  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend,
-                 backend_fresh_zero(backend)};
   return true;
+}
+
+int commit_range(void* start, std::size_t size, int op) noexcept {
+  const std::uint8_t tag = owner_tag(start);
+  if (tag == 0) return -1;
+  if ((tag & kOwnerOnDemand) == 0 || g_forked_child.load(std::memory_order_relaxed)) return 1;
+  return with_backend(owner_backend(tag), [&]<MemoryBackend B>() -> int {
+    if constexpr (B::commits_on_demand) {
+      if (op == MNEMOSYNE_MI_COMMIT) {
+        if (B::commit(start, size, /*may_call_driver=*/false)) return 1;
+        t_pending = PendingCommit{start, size};
+        return 0;
+      }
+      if (op == MNEMOSYNE_MI_DECOMMIT) B::decommit(start, size);
+      // A reset (the contents may go, the memory stays committed) does
+      // nothing: page-locked pages must keep their frames while registered.
+    }
+    return 1;
+  });
 }
 
 bool backend_fresh_zero(BackendId backend) noexcept {
@@ -56,8 +118,14 @@ void release_segment(const Segment& segment) noexcept {
     Os::unmap_pages(segment.start, segment.size);
     return;
   }
-  with_backend(segment.backend,
-               [&]<MemoryBackend B>() { return B::deallocate(segment.raw, segment.raw_size); });
+  give_back(segment);
+}
+
+bool commit_pending(bool* pending) noexcept {
+  const PendingCommit p = t_pending;
+  t_pending = PendingCommit{};
+  *pending = p.start != nullptr;
+  return *pending && backend_commit(p.start, p.size, /*may_call_driver=*/true);
 }
 
 void provider_enter_forked_child() noexcept {

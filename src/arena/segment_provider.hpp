@@ -20,12 +20,34 @@ struct Segment {
   std::size_t raw_size = 0;  // what was asked of the backend
   BackendId backend = BackendId::none;
   bool fresh_zero = false;  // the backend says fresh memory reads zero
+  bool on_demand = false;   // reserved: backed only where committed (commit_range)
 };
 
 // Acquires at least `size` bytes (rounded up to 32 MiB) aligned to `align`
-// (a power of two, at least 32 MiB) from `backend`. False when the backend
-// returned nothing or memory the ownership map cannot describe.
-bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Segment* out) noexcept;
+// (a power of two, at least 32 MiB) from `backend`. With `reserve`, from a
+// backend that commits on demand, a reservation (on_demand: nothing backed
+// until commit_range commits it; fresh memory reads zero) when it can give
+// one. False when the backend returned nothing or memory the ownership map
+// cannot describe.
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, bool reserve,
+                     Segment* out) noexcept;
+
+// mimalloc's commit, decommit and reset (op: MNEMOSYNE_MI_COMMIT, _DECOMMIT,
+// _RESET of mimalloc-live.h) of the page-aligned range [start, start +
+// size): -1 when it is not memory of a segment, else 1 done or 0 failed.
+// Called from inside mimalloc, so it never calls a driver (which calls
+// malloc): a commit of reserved memory the backend has not backed yet fails
+// and is left pending for this thread, for commit_pending. Decommit marks
+// the range unused. Memory not reserved is always backed and never goes to
+// madvise (driver memory must not): nothing to do. In a forked child the
+// child's copy is backed already.
+int commit_range(void* start, std::size_t size, int op) noexcept;
+
+// The commit that failed last on this thread, from outside mimalloc: backs
+// it (a driver call) and clears it. False when there was none, or when the
+// backend refused (it is cleared then too); *pending says whether there was
+// one.
+bool commit_pending(bool* pending) noexcept;
 
 // Whether memory fresh from `backend` reads zero, as the backend says.
 bool backend_fresh_zero(BackendId backend) noexcept;

@@ -18,6 +18,9 @@ namespace mnemosyne {
 struct ManagedMemory {
   static constexpr bool inherited_by_fork = false;
   static constexpr bool data_off_cpu = true;
+  // The driver cannot free part of a managed allocation, and pages are only
+  // backed where touched: nothing to commit.
+  static constexpr bool commits_on_demand = false;
   static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
   // cuMemAllocManaged is documented "The memory is not cleared". NVIDIA's
   // open kernel modules do zero the pages UVM populates (__GFP_ZERO CPU
@@ -79,17 +82,30 @@ struct CpuMemory {
   static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
 };
 
-// Page-locked host memory, cuMemHostAlloc(..., DEVICEMAP | PORTABLE). The
-// driver does not let a forked child inherit it.
+// Page-locked host memory. allocate(): cuMemHostAlloc(..., DEVICEMAP |
+// PORTABLE), locked whole. reserve()/commit(): anonymous memory of our own,
+// registered with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE) one
+// granule at a time where it is committed (pinned_granules.cpp); null from
+// reserve() when the driver cannot register. Neither is inherited by a
+// forked child (MADV_DONTFORK).
 struct CudaHostPinned : CpuMemory {
   static constexpr BackendId kId = BackendId::pinned;
   static constexpr const char* kName = "pinned";
   static constexpr bool inherited_by_fork = false;
+  static constexpr bool commits_on_demand = true;
+  // The unit of registration: a granule is locked while any part of it is
+  // committed.
+  static constexpr std::size_t kGranule = std::size_t{1} << 20;
   // Zero while the nvidia module's InitializeSystemMemoryAllocations is 1
   // (its default); read once (platform layer), no when it cannot be read.
+  // (Reservations are anonymous memory, documented zero-filled.)
   static bool fresh_memory_zero() noexcept;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
+  static void* reserve(std::size_t size) noexcept;
+  static bool commit(void* ptr, std::size_t size, bool may_call_driver) noexcept;
+  static void decommit(void* ptr, std::size_t size) noexcept;
+  static bool release(void* ptr, std::size_t size) noexcept;
   static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
@@ -99,6 +115,7 @@ struct Host : CpuMemory {
   static constexpr BackendId kId = BackendId::host;
   static constexpr const char* kName = "host";
   static constexpr bool inherited_by_fork = true;
+  static constexpr bool commits_on_demand = false;
   // Anonymous mmap (and VirtualAlloc) memory is documented zero-filled.
   static bool fresh_memory_zero() noexcept { return true; }
   static void* allocate(std::size_t size) noexcept;

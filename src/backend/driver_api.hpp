@@ -27,6 +27,9 @@ struct DriverApi {
   PFN_cuMemAdvise_v12020 cuMemAdvise;  // cuMemAdvise_v2 (CUmemLocation)
   PFN_cuMemHostAlloc_v2020 cuMemHostAlloc;
   PFN_cuMemFreeHost_v2000 cuMemFreeHost;
+  // Page-locking memory of our own, granule by granule (optional: may be null).
+  PFN_cuMemHostRegister_v6050 cuMemHostRegister;  // cuMemHostRegister_v2
+  PFN_cuMemHostUnregister_v4000 cuMemHostUnregister;
   PFN_cuPointerGetAttribute_v4000 cuPointerGetAttribute;
   PFN_cuMemcpyDtoH_v3020 cuMemcpyDtoH;  // cuMemcpyDtoH_v2; optional: may be null
   // Clearing managed memory on the device (optional: may be null).

@@ -129,6 +129,8 @@ bool resolve_all(Resolver& r) noexcept {
          r.resolve(&a.cuCtxDestroy, "cuCtxDestroy", "cuCtxDestroy_v2", 4000, opt) &&
          r.resolve(&a.cuPointerGetAttribute, "cuPointerGetAttribute", "cuPointerGetAttribute", 4000, opt) &&
          r.resolve(&a.cuMemcpyDtoH, "cuMemcpyDtoH", "cuMemcpyDtoH_v2", 3020, opt) &&
+         r.resolve(&a.cuMemHostRegister, "cuMemHostRegister", "cuMemHostRegister_v2", 6050, opt) &&
+         r.resolve(&a.cuMemHostUnregister, "cuMemHostUnregister", "cuMemHostUnregister", 4000, opt) &&
          r.resolve(&a.cuStreamCreate, "cuStreamCreate", "cuStreamCreate", 2000, opt) &&
          r.resolve(&a.cuMemsetD8Async, "cuMemsetD8Async", "cuMemsetD8Async", 3020, opt) &&
          r.resolve(&a.cuStreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 2000, opt) &&

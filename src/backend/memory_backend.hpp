@@ -42,8 +42,26 @@ concept MemoryBackend = std::is_empty_v<B> && requires(std::size_t size, void* p
     // A child created by fork() without exec still sees this memory.
     std::same_as < std::remove_cv_t<decltype(B::inherited_by_fork)>,
 bool > &&
-       // A page the CPU has not mapped (mincore says "not resident") may still
-       // hold data, somewhere only copy_out reads without moving it.
-       std::same_as<std::remove_cv_t<decltype(B::data_off_cpu)>, bool>;
+        // A page the CPU has not mapped (mincore says "not resident") may still
+        // hold data, somewhere only copy_out reads without moving it.
+        std::same_as<std::remove_cv_t<decltype(B::data_off_cpu)>, bool>&&
+            // Memory backed only where it is committed: reserve() gives address
+            // space (reading zero, nothing of it locked or allocated), commit()
+            // backs a page-aligned range inside a reservation (false: it could
+            // not, or it would have to call the driver and may not),
+            // decommit() marks a range unused (no driver call),
+            // release() gives back the whole reservation. The arena lets
+            // mimalloc's commits decide (mimalloc-os-hooks.patch).
+            std::same_as<std::remove_cv_t<decltype(B::commits_on_demand)>, bool> &&
+    (!B::commits_on_demand || requires(std::size_t size, void* ptr) {
+      { B::reserve(size) }
+      noexcept->std::same_as<void*>;
+      { B::commit(ptr, size, true) }
+      noexcept->std::same_as<bool>;
+      { B::decommit(ptr, size) }
+      noexcept->std::same_as<void>;
+      { B::release(ptr, size) }
+      noexcept->std::same_as<bool>;
+    });
 
 }  // namespace mnemosyne

@@ -65,6 +65,9 @@ struct fakecuda_counters {
   uint64_t memset_calls;        /* successful cuMemsetD8Async */
   uint64_t memset_bytes;        /* bytes they set */
   uint64_t live_streams;        /* streams created and not destroyed (state, not reset) */
+  uint64_t register_calls;      /* successful cuMemHostRegister_v2 */
+  uint64_t unregister_calls;    /* successful cuMemHostUnregister */
+  uint64_t registered_bytes;    /* bytes registered now (state, not reset; in live_bytes too) */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

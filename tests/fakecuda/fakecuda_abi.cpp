@@ -116,6 +116,8 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuMemAdvise", 8000, cuMemAdvise),
     FAKECUDA_PROC("cuMemHostAlloc", 2020, cuMemHostAlloc),
     FAKECUDA_PROC("cuMemFreeHost", 2000, cuMemFreeHost),
+    FAKECUDA_PROC("cuMemHostRegister", 6050, cuMemHostRegister_v2),
+    FAKECUDA_PROC("cuMemHostUnregister", 4000, cuMemHostUnregister),
     FAKECUDA_PROC("cuPointerGetAttribute", 4000, cuPointerGetAttribute),
     FAKECUDA_PROC("cuMemRangeGetAttribute", 8000, cuMemRangeGetAttribute),
     FAKECUDA_PROC("cuMemcpyDtoH", 3020, cuMemcpyDtoH_v2),

@@ -483,11 +483,13 @@ FAKECUDA_API void fakecuda_set_copy_error(int rc) {
 
 FAKECUDA_API void fakecuda_reset_counters(void) {
   Counters& c = g_counters;
-  for (auto* a :
-       {&c.init_calls, &c.alloc_managed, &c.alloc_host, &c.free_managed, &c.free_host,
-        &c.advise_calls, &c.legacy_free_calls, &c.failed_calls, &c.invalid_context_calls,
-        &c.thread_allocs, &c.total_calls, &c.legacy_calls, &c.ctx_freed_blocks, &c.pages_to_device,
-        &c.cpu_migrations, &c.dtoh_calls, &c.dtoh_bytes, &c.memset_calls, &c.memset_bytes})
+  for (auto* a : {&c.init_calls,        &c.alloc_managed,   &c.alloc_host,
+                  &c.free_managed,      &c.free_host,       &c.advise_calls,
+                  &c.legacy_free_calls, &c.failed_calls,    &c.invalid_context_calls,
+                  &c.thread_allocs,     &c.total_calls,     &c.legacy_calls,
+                  &c.ctx_freed_blocks,  &c.pages_to_device, &c.cpu_migrations,
+                  &c.dtoh_calls,        &c.dtoh_bytes,      &c.memset_calls,
+                  &c.memset_bytes,      &c.register_calls,  &c.unregister_calls})
     a->store(0);
   c.advise_last_device.store(-1);
   c.advise_last_advice.store(-1);
@@ -522,4 +524,7 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->memset_calls = c.memset_calls.load();
   out->memset_bytes = c.memset_bytes.load();
   out->live_streams = c.live_streams.load();
+  out->register_calls = c.register_calls.load();
+  out->unregister_calls = c.unregister_calls.load();
+  out->registered_bytes = c.registered_bytes.load();
 }

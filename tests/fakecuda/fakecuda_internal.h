@@ -61,6 +61,9 @@ struct Counters {
   std::atomic<std::uint64_t> memset_calls{0};
   std::atomic<std::uint64_t> memset_bytes{0};
   std::atomic<std::uint64_t> live_streams{0};
+  std::atomic<std::uint64_t> register_calls{0};
+  std::atomic<std::uint64_t> unregister_calls{0};
+  std::atomic<std::uint64_t> registered_bytes{0};
 };
 extern Counters g_counters;
 

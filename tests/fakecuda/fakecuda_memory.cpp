@@ -21,6 +21,7 @@ struct Block {
   std::size_t size;     // as requested
   std::size_t map_len;  // mapped, page rounded
   int kind;
+  bool registered = false;  // the caller's memory, registered (kHost), not ours to unmap
   unsigned flags;
   int device;
   const Ctx* ctx;
@@ -96,9 +97,14 @@ Block* managed_holding(std::uintptr_t p, std::size_t count) noexcept {
   return b;
 }
 
-long index_of_start(std::uintptr_t p, int kind) noexcept {
+// The block that starts at p, of the given kind, allocated (not registered)
+// or registered as asked.
+long index_of_start(std::uintptr_t p, int kind, bool registered = false) noexcept {
   long i = index_le(p);
-  if (i < 0 || g_blocks[i]->addr != p || g_blocks[i]->kind != kind) return -1;
+  if (i < 0 || g_blocks[i]->addr != p || g_blocks[i]->kind != kind ||
+      g_blocks[i]->registered != registered) {
+    return -1;
+  }
   return i;
 }
 
@@ -203,7 +209,11 @@ void release(std::size_t i) noexcept {
   Block* b = g_blocks[i];
   index_remove(i);
   if (b->kind == kManaged) forget_device_range(b->addr);
-  os::unmap(reinterpret_cast<void*>(b->addr), b->map_len);
+  if (b->registered) {
+    g_counters.registered_bytes.fetch_sub(b->size);
+  } else {
+    os::unmap(reinterpret_cast<void*>(b->addr), b->map_len);
+  }
   g_counters.live_bytes.fetch_sub(b->size);
   free(b);
 }
@@ -313,6 +323,83 @@ FAKECUDA_API CUresult cuMemFree_v2(CUdeviceptr dptr) {
 
 FAKECUDA_API CUresult cuMemFreeHost(void* p) {
   return free_block("cuMemFreeHost", reinterpret_cast<std::uintptr_t>(p), kHost);
+}
+
+// Page-locking the caller's memory: the double records the range (which
+// then counts as pinned memory: fakecuda_owns says host, live_bytes and
+// registered_bytes hold it) and touches every page, as pinning populates
+// them. It neither maps nor clears anything: the bytes stay the caller's.
+FAKECUDA_API CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned int Flags) {
+  static const char kCall[] = "cuMemHostRegister_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  constexpr unsigned kKnown = CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP |
+                              CU_MEMHOSTREGISTER_IOMEMORY | CU_MEMHOSTREGISTER_READ_ONLY;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Ctx* ctx = usable_current();
+  if (ctx == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (p == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0 || a % page_size() != 0 ||
+             bytesize % page_size() != 0) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else if (long i = index_le(a + bytesize - 1);
+             i >= 0 && g_blocks[i]->addr + g_blocks[i]->map_len > a) {
+    rc = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;  // overlaps a block the driver knows
+  } else if (rc = admit(bytesize); rc == CUDA_SUCCESS) {
+    auto* b = static_cast<Block*>(malloc(sizeof(Block)));
+    if (b == nullptr) {
+      rc = CUDA_ERROR_OUT_OF_MEMORY;
+    } else {
+      *b = Block{.addr = a,
+                 .size = bytesize,
+                 .map_len = bytesize,
+                 .kind = kHost,
+                 .registered = true,
+                 .flags = Flags,
+                 .device = ctx->device,
+                 .ctx = ctx};
+      if (!index_insert(b)) {
+        free(b);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+      } else {
+        for (std::size_t off = 0; off < bytesize; off += page_size()) {
+          static_cast<volatile char*>(p)[off] = static_cast<volatile char*>(p)[off];
+        }
+        g_counters.live_bytes.fetch_add(bytesize);
+        g_counters.registered_bytes.fetch_add(bytesize);
+      }
+    }
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.register_calls.fetch_add(1);
+  log_line("register kind=host ptr=0x%llx size=%zu flags=%u dev=%d rc=0",
+           static_cast<unsigned long long>(a), bytesize, Flags, ctx->device);
+  return CUDA_SUCCESS;
+}
+
+FAKECUDA_API CUresult cuMemHostUnregister(void* p) {
+  static const char kCall[] = "cuMemHostUnregister";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  const auto a = reinterpret_cast<std::uintptr_t>(p);
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  std::size_t size = 0;
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (long i = index_of_start(a, kHost, /*registered=*/true); i < 0) {
+    rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  } else {
+    size = g_blocks[i]->size;
+    release(std::size_t(i));
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.unregister_calls.fetch_add(1);
+  log_line("unregister kind=host ptr=0x%llx size=%zu rc=0", static_cast<unsigned long long>(a),
+           size);
+  return CUDA_SUCCESS;
 }
 
 FAKECUDA_API CUresult cuMemAdvise_v2(CUdeviceptr devPtr, size_t count, CUmem_advise advice,

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -276,11 +277,14 @@ bool all_zero(const void* p, std::size_t n) {
 
 // A driver whose fresh memory is not zero (the double's FAKECUDA_DIRTY):
 // mimalloc's metadata is cleared, and every zeroed block reads zero, in
-// arenas and dedicated segments, on managed and pinned memory.
+// arenas and dedicated segments, on managed and pinned memory. Pinned arenas
+// are the driver's (cuMemHostAlloc) only where it cannot register memory of
+// our own (cuMemHostRegister missing, as in drivers before CUDA 4).
 TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
   for (BackendId backend : {BackendId::unified, BackendId::pinned}) {
     IN_FRESH_PROCESS({
       test::set_env("FAKECUDA_DIRTY", "1");
+      test::set_env("FAKECUDA_MISSING", "cuMemHostRegister");
       ASSERT_TRUE(start_arena(config(backend)));
       void* plain = arena::alloc(4000);
       ASSERT_NE(plain, nullptr);
@@ -314,6 +318,53 @@ TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
       }
     });
   }
+}
+
+// Pinned arenas are reservations: only what mimalloc commits is
+// page-locked (registered with the driver, 1 MiB granules), so 64 threads
+// holding 64 bytes each lock about 1 MiB each, not a 32 MiB segment each;
+// every block lies in registered memory; memory that reads zero needs no
+// clearing; and the reservation's granules are unregistered when the arena
+// goes (here: the process's end is not waited for, the counters are read).
+TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_DIRTY", "1");  // reservations are ours: never dirty
+    ASSERT_TRUE(start_arena(config(BackendId::pinned)));
+    constexpr int kThreads = 64;
+    void* blocks[kThreads] = {};
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    std::atomic<bool> done{false};
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        blocks[i] = arena::alloc_zeroed(64);
+        ready.fetch_add(1);
+        while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        release(blocks[i]);
+      });
+    }
+    while (ready.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    const fakecuda_counters fc = fake->counters();
+    std::set<std::uintptr_t> segments;
+    for (void* p : blocks) {
+      ASSERT_NE(p, nullptr);
+      EXPECT_NE(owner_tag(p) & kOwnerOnDemand, 0);
+      EXPECT_EQ(fake->owns(p), 2) << "a pinned block outside registered memory";
+      EXPECT_TRUE(all_zero(p, 64));
+      segments.insert(reinterpret_cast<std::uintptr_t>(p) >> kSegmentShift);
+    }
+    done.store(true);
+    for (auto& t : threads) t.join();
+    EXPECT_GE(segments.size(), std::size_t{kThreads / 2}) << "threads share segments";
+    // About 1 MiB a thread (mimalloc commits at least 1 MiB of a segment),
+    // where cuMemHostAlloc locked whole segments: 64 x 32 MiB.
+    EXPECT_LE(fc.registered_bytes, std::uint64_t{kThreads + 8} * kMiB);
+    EXPECT_GE(fc.register_calls, std::uint64_t{kThreads});
+    EXPECT_EQ(fc.alloc_host, 0u) << "an arena came from cuMemHostAlloc";
+    EXPECT_EQ(backend_counters(BackendId::pinned).bytes_live.load(), fc.registered_bytes);
+  });
 }
 
 // Memory known zero (the host backend's mmap) is not cleared for a huge

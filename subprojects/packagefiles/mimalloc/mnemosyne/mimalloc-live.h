@@ -60,6 +60,16 @@ void mnemosyne_mi_fork_child(void);
  * mimalloc's memset. Set once, before the first allocation. */
 void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size));
 
+/* Who commits (op 1), decommits (op 0) and resets (op 2) the page-aligned
+ * range [start, start + size) (mimalloc-os-hooks.patch): asked before the OS
+ * calls, it returns -1 for memory that is not its own (mimalloc then calls
+ * the OS as upstream does), else 1 when done and 0 when it failed. NULL, the
+ * default: the OS calls alone. Set once, before the first allocation. */
+#define MNEMOSYNE_MI_DECOMMIT 0
+#define MNEMOSYNE_MI_COMMIT 1
+#define MNEMOSYNE_MI_RESET 2
+void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op));
+
 #ifdef __cplusplus
 }
 #endif

@@ -54,6 +54,10 @@ void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size)) {
   _mi_huge_clear = clear;
 }
 
+void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op)) {
+  _mi_os_commit_hook = hook;
+}
+
 static size_t mnemosyne_os_page(void) {
   return _mi_os_page_size();
 }

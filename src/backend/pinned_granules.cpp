@@ -1,0 +1,275 @@
+// Page-locked host memory committed on demand: CudaHostPinned's reserve,
+// commit, decommit and release.
+//
+// cuMemHostAlloc locks all it returns, at once: a mimalloc segment per thread
+// (32 MiB) was 32 MiB of locked RAM for a thread that holds 64 bytes. Here a
+// reservation is anonymous memory of our own, and only what mimalloc commits
+// is page-locked and mapped for the device, by cuMemHostRegister(DEVICEMAP |
+// PORTABLE), one granule (kGranule, aligned to its size) at a time: a
+// registration can only be undone whole, so the granule is the unit that can
+// be given back. mimalloc commits and decommits in 64 KiB chunks (its
+// MI_COMMIT_SIZE); which chunks of a granule are committed is tracked so
+// that a granule none of them uses can be given back (not yet: see
+// drop_bits).
+//
+// mimalloc commits from inside its allocation path, where the driver must
+// not be called: the driver calls malloc, which would re-enter mimalloc
+// mid-operation. So a commit there succeeds only on granules registered
+// already (commit with may_call_driver false); otherwise it fails, mimalloc
+// returns NULL, and the arena's slow path, outside mimalloc, registers the
+// range (may_call_driver true) and asks again.
+//
+// The other route, the driver's virtual-memory API with host-located
+// physical memory (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST, CUDA 12.2 and
+// later), needs a handle, a map and an access call per granule and a recent
+// driver; registration needs one call and is in every driver since CUDA 4.
+// A driver without it leaves reserve() null, and the arena falls back to
+// cuMemHostAlloc.
+//
+// Each granule's state is one atomic word: which chunks are committed, and
+// whether it is registered, or being (un)registered by a thread (busy). No
+// lock is held across a driver call: the driver calls malloc, and a malloc
+// may need a commit.
+#include <atomic>
+#include <cstdint>
+
+#include "backend/backends.hpp"
+#include "backend/counters.hpp"
+#include "backend/driver_call.hpp"
+#include "backend/internal.hpp"
+#include "backend/loader.hpp"
+
+namespace mnemosyne {
+namespace {
+
+constexpr std::size_t kGranule = CudaHostPinned::kGranule;
+constexpr std::size_t kChunk = std::size_t{64} << 10;  // mimalloc's MI_COMMIT_SIZE
+constexpr std::uint32_t kChunks = kGranule / kChunk;
+static_assert(kChunks <= 16);
+constexpr std::uint32_t kChunkBits = (std::uint32_t{1} << kChunks) - 1;
+constexpr std::uint32_t kRegistered = std::uint32_t{1} << 16;
+constexpr std::uint32_t kBusy = std::uint32_t{1} << 17;
+constexpr unsigned kRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
+
+// One reservation. `base` is 0 for a free slot, 1 while a thread fills it.
+struct Reservation {
+  std::atomic<std::uintptr_t> base{0};
+  std::size_t size = 0;
+  std::uintptr_t first_granule = 0;  // address of the granule holding base
+  std::atomic<std::uint32_t>* granules = nullptr;
+  std::size_t state_bytes = 0;
+};
+
+// Reservations are arenas (at most 64, mimalloc's limit) and rare
+// replacements: a fixed table, no allocation.
+constexpr std::size_t kMaxReservations = 128;
+constinit Reservation g_reservations[kMaxReservations];
+
+Reservation* find(std::uintptr_t p, std::size_t size) noexcept {
+  for (Reservation& r : g_reservations) {
+    const std::uintptr_t base = r.base.load(std::memory_order_acquire);
+    if (base > 1 && p >= base && p - base <= r.size && size <= r.size - (p - base)) return &r;
+  }
+  return nullptr;
+}
+
+BackendCounters& counters() noexcept {
+  return backend_counters(BackendId::pinned);
+}
+
+// The part of granule `g` (its address) inside the reservation.
+void granule_span(const Reservation& r, std::uintptr_t g, std::uintptr_t* start,
+                  std::size_t* size) noexcept {
+  const std::uintptr_t base = r.base.load(std::memory_order_relaxed);
+  const std::uintptr_t lo = g < base ? base : g;
+  const std::uintptr_t hi = g + kGranule < base + r.size ? g + kGranule : base + r.size;
+  *start = lo;
+  *size = hi - lo;
+}
+
+// One driver call on [start, start + size): register or unregister.
+bool driver_register(std::uintptr_t start, std::size_t size, bool lock) noexcept {
+  const DriverApi* api = driver_api();
+  // Inside a driver call on this thread (the driver is calling malloc),
+  // calling it again could deadlock: the caller's commit fails instead.
+  if (api == nullptr || in_driver_call()) return false;
+  BackendCounters& c = counters();
+  const std::uint64_t t0 = detail::monotonic_ns();
+  bool ok = false;
+  {
+    DriverCall call;
+    if (call.ok()) {
+      count_event(c.driver_calls);
+      void* p = reinterpret_cast<void*>(start);
+      const CUresult rc =
+          lock ? api->cuMemHostRegister(p, size, kRegisterFlags) : api->cuMemHostUnregister(p);
+      ok = rc == CUDA_SUCCESS;
+      if (!ok && lock) c.failed(kAllocationFailed, rc, size);
+    }
+    if (!ok) count_event(c.driver_failures);
+  }
+  count_event(c.driver_ns, detail::monotonic_ns() - t0);
+  if (ok && lock) {
+    count_event(c.bytes_allocated, size);
+    count_event(c.bytes_live, size);
+  } else if (ok) {
+    c.bytes_live.fetch_sub(size, std::memory_order_relaxed);
+  }
+  return ok;
+}
+
+// Chunk bits of granule `g` that [lo, hi) touches (liberal) or covers
+// wholly (conservative).
+std::uint32_t chunk_bits(std::uintptr_t g, std::uintptr_t lo, std::uintptr_t hi,
+                         bool liberal) noexcept {
+  const std::uintptr_t a = lo < g ? g : lo;
+  const std::uintptr_t b = hi > g + kGranule ? g + kGranule : hi;
+  if (a >= b) return 0;
+  std::uintptr_t first = (a - g) / kChunk;
+  std::uintptr_t end = (b - g + kChunk - 1) / kChunk;
+  if (!liberal) {
+    first = (a - g + kChunk - 1) / kChunk;
+    end = (b - g) / kChunk;
+  }
+  if (first >= end) return 0;
+  return ((std::uint32_t{1} << end) - 1) & ~((std::uint32_t{1} << first) - 1);
+}
+
+std::atomic<std::uint32_t>& word(Reservation& r, std::uintptr_t g) noexcept {
+  return r.granules[(g - r.first_granule) / kGranule];
+}
+
+// Marks `bits` of granule g uncommitted. The granule stays registered even
+// when none of its chunks is committed: mimalloc decommits from inside its
+// free and allocation paths, where the driver must not be called (it calls
+// malloc and free, which would re-enter mimalloc mid-operation). Released
+// with the whole reservation.
+void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
+  word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
+}
+
+// Marks `bits` of granule g committed, registering it first when it is not
+// and `may_call_driver`; false when it is not registered and cannot be now.
+bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_call_driver) noexcept {
+  std::atomic<std::uint32_t>& w = word(r, g);
+  std::uint32_t s = w.load(std::memory_order_acquire);
+  for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
+    if ((s & kBusy) != 0) {
+      // The driver, registering this granule for this thread, calls malloc:
+      // that request goes to the host heap.
+      if (in_driver_call()) return false;
+      Os::pause(spins++);
+      continue;
+    }
+    // A forked child (no driver) has its own copy of the memory: using it
+    // needs no registration.
+    if ((s & kRegistered) != 0 || driver_api() == nullptr) {
+      if (w.compare_exchange_weak(s, s | bits, std::memory_order_acq_rel)) return true;
+      continue;
+    }
+    if (!may_call_driver) return false;
+    if (!w.compare_exchange_weak(s, s | kBusy, std::memory_order_acq_rel)) continue;
+    std::uintptr_t start = 0;
+    std::size_t size = 0;
+    granule_span(r, g, &start, &size);
+    const bool ok = driver_register(start, size, /*lock=*/true);
+    w.store(ok ? (s | bits | kRegistered) : s, std::memory_order_release);
+    return ok;
+  }
+}
+
+}  // namespace
+
+void* CudaHostPinned::reserve(std::size_t size) noexcept {
+  const DriverApi* api = driver_api();
+  if (size == 0 || api == nullptr || api->cuMemHostRegister == nullptr ||
+      api->cuMemHostUnregister == nullptr) {
+    return nullptr;
+  }
+  Reservation* slot = nullptr;
+  for (Reservation& r : g_reservations) {
+    std::uintptr_t expected = 0;
+    if (r.base.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) {
+      slot = &r;
+      break;
+    }
+  }
+  if (slot == nullptr) return nullptr;
+  int err = 0;
+  void* p = Os::map_pages(size, &err);
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t first = base / kGranule * kGranule;
+  const std::size_t count = (base + size - first + kGranule - 1) / kGranule;
+  const std::size_t state_bytes =
+      (count * sizeof(std::atomic<std::uint32_t>) + Os::page_size() - 1) / Os::page_size() *
+      Os::page_size();
+  void* state = p == nullptr ? nullptr : Os::map_pages(state_bytes, &err);
+  // Registered pages in memory a child inherits copy-on-write would break
+  // the registration at the parent's next write: never inherited (the fork
+  // copy gives a child its heap, fork_copy.cpp).
+  if (state == nullptr || !Os::exclude_from_fork(p, size, &err)) {
+    if (state != nullptr) Os::unmap_pages(state, state_bytes);
+    if (p != nullptr) Os::unmap_pages(p, size);
+    counters().failed(p == nullptr ? kAllocationFailed : kInheritable, err, size);
+    slot->base.store(0, std::memory_order_release);
+    return nullptr;
+  }
+  slot->size = size;
+  slot->first_granule = first;
+  slot->granules = static_cast<std::atomic<std::uint32_t>*>(state);  // zero: nothing committed
+  slot->state_bytes = state_bytes;
+  slot->base.store(base, std::memory_order_release);
+  count_event(counters().allocations);
+  return p;
+}
+
+bool CudaHostPinned::commit(void* ptr, std::size_t size, bool may_call_driver) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(lo, size);
+  if (r == nullptr) return false;
+  const std::uintptr_t hi = lo + size;
+  for (std::uintptr_t g = lo / kGranule * kGranule; g < hi; g += kGranule) {
+    if (add_bits(*r, g, chunk_bits(g, lo, hi, /*liberal=*/true), may_call_driver)) continue;
+    // Undo what this call committed: the range is either committed or not.
+    if (g > lo) decommit(ptr, g - lo);
+    return false;
+  }
+  return true;
+}
+
+void CudaHostPinned::decommit(void* ptr, std::size_t size) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(lo, size);
+  if (r == nullptr) return;
+  const std::uintptr_t hi = lo + size;
+  for (std::uintptr_t g = lo / kGranule * kGranule; g < hi; g += kGranule) {
+    if (const std::uint32_t bits = chunk_bits(g, lo, hi, /*liberal=*/false); bits != 0) {
+      drop_bits(*r, g, bits);
+    }
+  }
+}
+
+bool CudaHostPinned::release(void* ptr, std::size_t size) noexcept {
+  const auto base = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(base, size);
+  if (r == nullptr || r->base.load(std::memory_order_relaxed) != base || r->size != size) {
+    return false;
+  }
+  const std::size_t count = r->state_bytes / sizeof(std::atomic<std::uint32_t>);
+  for (std::size_t i = 0; i < count; ++i) {
+    const std::uintptr_t g = r->first_granule + i * kGranule;
+    if (g >= base + size) break;
+    if ((r->granules[i].load(std::memory_order_acquire) & kRegistered) == 0) continue;
+    std::uintptr_t start = 0;
+    std::size_t span = 0;
+    granule_span(*r, g, &start, &span);
+    driver_register(start, span, /*lock=*/false);
+  }
+  Os::unmap_pages(r->granules, r->state_bytes);
+  Os::unmap_pages(ptr, size);
+  r->base.store(0, std::memory_order_release);
+  count_event(counters().deallocations);
+  return true;
+}
+
+}  // namespace mnemosyne
