@@ -105,7 +105,10 @@ def parse_log(path):
             parts = line.split()
             if len(parts) < 2:
                 continue
-            event = {"pid": int(parts[0]), "event": parts[1]}
+            # A registration (cuMemHostRegister) page-locks memory of our
+            # own for the driver: pinned memory, as an allocation is.
+            name = {"register": "alloc", "unregister": "free"}.get(parts[1], parts[1])
+            event = {"pid": int(parts[0]), "event": name, "registered": name != parts[1]}
             for kv in parts[2:]:
                 if "=" in kv:
                     k, v = kv.split("=", 1)
