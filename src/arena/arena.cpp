@@ -309,6 +309,7 @@ static int os_hook(void* start, std::size_t size, int op) {
 
 bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.cfg = cfg;
+  g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
   // Every user byte comes from arenas this file adds; options a user could
   // set through MIMALLOC_* that would take OS memory behind the backend's
   // back, or release arena memory at exit, are forced off.
@@ -368,6 +369,13 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   // The driver is calling malloc (inside a call of ours, or on a thread it
   // started during one): asking it for memory now could deadlock.
   if (in_driver_call()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
+  // A vfork child (or a clone sharing our memory) runs in the parent's
+  // address space with the parent's heap: it may not call the driver, and
+  // what it allocates before exec is short-lived. Served quietly from the
+  // host heap (the growth and backing below would call the driver).
+  if (Os::process_id() != g_state.pid.load(std::memory_order_relaxed)) {
+    return host_alloc(size, alignment, zero, g_state.driver_allocations);
+  }
 
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;

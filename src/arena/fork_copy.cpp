@@ -578,6 +578,7 @@ bool restore_child_heap(const void* addr) noexcept {
 }
 
 bool child_after_fork() noexcept {
+  g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
   // A child whose fork made no copy (a _Fork from a signal handler while
   // another thread's fork had not copied yet) lacks every segment that is not
   // inherited. kRestored means the first fault here already put the copy in.

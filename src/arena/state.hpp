@@ -22,6 +22,11 @@ struct State {
   std::atomic<bool> warned_fallback{false};
   char fallback_reason[kReasonLen] = {};  // written once, by the first fallback
   pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
+  // The process the arena works for: set at start and in a forked child's
+  // handler. Another pid on a slow path is a child no fork handler saw
+  // (vfork, clone), sharing the parent's memory, where the driver must not
+  // be called.
+  std::atomic<long> pid{0};
   std::atomic<long> grower{-1};       // thread id of grow_lock's latest holder
   int arenas = 0;                     // under grow_lock
   std::size_t next_arena_size = 0;    // under grow_lock

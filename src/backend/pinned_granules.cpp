@@ -186,6 +186,16 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
       api->cuMemHostUnregister == nullptr) {
     return nullptr;
   }
+  // Memory that no commit could back is no arena: without a usable device
+  // (no context can be made current) reserve nothing, and the caller's
+  // cuMemHostAlloc reports why, as for every other backend.
+  {
+    DriverCall call;
+    if (!call.ok()) {
+      counters().failed(kContextFailed, call.error(), size);
+      return nullptr;
+    }
+  }
   Reservation* slot = nullptr;
   for (Reservation& r : g_reservations) {
     std::uintptr_t expected = 0;
