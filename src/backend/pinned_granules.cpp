@@ -188,11 +188,23 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
   }
   // Memory that no commit could back is no arena: without a usable device
   // (no context can be made current) reserve nothing, and the caller's
-  // cuMemHostAlloc reports why, as for every other backend.
+  // cuMemHostAlloc reports why, as for every other backend. Nor where the
+  // device reaches registered memory only at an address of its own
+  // (cuMemHostGetDevicePointer): a program hands a kernel the pointer
+  // malloc gave it. CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM says which
+  // (cuMemHostRegister's documentation); unknown counts as no.
   {
     DriverCall call;
     if (!call.ok()) {
       counters().failed(kContextFailed, call.error(), size);
+      return nullptr;
+    }
+    int same_address = 0;
+    if (api->cuDeviceGetAttribute == nullptr ||
+        api->cuDeviceGetAttribute(&same_address,
+                                  CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                                  call.device()) != CUDA_SUCCESS ||
+        same_address != 1) {
       return nullptr;
     }
   }

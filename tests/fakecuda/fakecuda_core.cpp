@@ -83,6 +83,7 @@ void read_config() noexcept {
   if (env_long("FAKECUDA_ALLOC_STALL_MS", &v)) c.alloc_stall_ms = v < 0 ? 0 : v;
   if (env_long("FAKECUDA_DIRTY", &v)) c.dirty = v != 0;
   if (env_long("FAKECUDA_PINNED_SHARED", &v)) c.pinned_shared = v != 0;
+  if (env_long("FAKECUDA_HOST_POINTER_REGISTERED", &v)) c.host_pointer_registered = v != 0;
   g_config = c;
 
   if (env_long("FAKECUDA_FAIL_ALLOC_AFTER", &v)) {
@@ -373,6 +374,9 @@ FAKECUDA_API CUresult cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, C
       break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
       *pi = 9;
+      break;
+    case CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM:
+      *pi = g_config.host_pointer_registered;
       break;
     case CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY:
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:

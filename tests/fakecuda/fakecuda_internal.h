@@ -80,6 +80,9 @@ struct Config {
   long alloc_stall_ms = 0;     // FAKECUDA_ALLOC_STALL_MS
   bool dirty = false;          // FAKECUDA_DIRTY: fresh memory is not zero
   bool pinned_shared = false;  // FAKECUDA_PINNED_SHARED: pinned memory as nvidia maps it
+  // FAKECUDA_HOST_POINTER_REGISTERED=0: devices that reach registered memory
+  // only at another address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM 0).
+  int host_pointer_registered = 1;
 };
 extern Config g_config;
 

@@ -367,6 +367,27 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
   });
 }
 
+// Where a device reaches registered memory only at an address of its own
+// (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM 0), a kernel could not use the
+// pointer malloc returned: pinned arenas are the driver's cuMemHostAlloc
+// memory, locked whole, as before reservations existed.
+TEST(Arena, PinnedArenasAreTheDriversWhereRegisteredMemoryMovesAddress) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_HOST_POINTER_REGISTERED", "0");
+    ASSERT_TRUE(start_arena(config(BackendId::pinned)));
+    void* p = arena::alloc(64);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(owner_tag(p) & kOwnerOnDemand, 0);
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    EXPECT_EQ(fake->owns(p), 2);
+    const fakecuda_counters fc = fake->counters();
+    EXPECT_GE(fc.alloc_host, 1u);
+    EXPECT_EQ(fc.register_calls, 0u);
+    release(p);
+  });
+}
+
 // Memory known zero (the host backend's mmap) is not cleared for a huge
 // calloc block never used before; reused, it is, by the CPU.
 TEST(Arena, HugeCallocOnFreshZeroMemoryIsNotCleared) {
