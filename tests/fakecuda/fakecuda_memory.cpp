@@ -91,10 +91,7 @@ bool lies_in(const Block* b, std::uintptr_t p, std::size_t n) noexcept {
 // page-rounded end), or nullptr: what the advice and range calls accept.
 Block* managed_holding(std::uintptr_t p, std::size_t count) noexcept {
   Block* b = containing(p);
-  if (b == nullptr || b->kind != kManaged || count == 0 || count > b->map_len - (p - b->addr)) {
-    return nullptr;
-  }
-  return b;
+  return count != 0 && lies_in(b, p, count) && b->kind == kManaged ? b : nullptr;
 }
 
 // The block that starts at p, of the given kind, allocated (not registered)
