@@ -412,7 +412,9 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
       if (!grow(size + alignment, seen)) break;
     }
     if (refused) {
-      why = "the driver refused to page-lock more memory";
+      describe_refusal(g_state.backend.load(std::memory_order_relaxed), size, dedicated_why,
+                       sizeof dedicated_why);
+      why = dedicated_why;
     } else if (p == nullptr && !g_state.exhausted.load()) {
       why = "another thread's arena growth did not finish in time";
     }

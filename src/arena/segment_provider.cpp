@@ -13,6 +13,9 @@ namespace mnemosyne {
 namespace {
 
 std::atomic<bool> g_forked_child{false};
+// What a new reservation backs to learn whether the driver will: mimalloc's
+// unit of commit (MI_COMMIT_SIZE).
+constexpr std::size_t kProbeBytes = std::size_t{64} << 10;
 // The range of this thread's last commit that needed the driver.
 struct PendingCommit {
   void* start = nullptr;
@@ -59,7 +62,21 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
   if (reserve) {
     raw = with_backend(backend, [&]<MemoryBackend B>() -> void* {
       if constexpr (B::commits_on_demand) {
-        return B::reserve(raw_size);
+        // A reservation serves only if the driver backs it: one granule is
+        // backed and marked unused again (it stays backed until the backend
+        // gives idle granules back), so a driver that refuses is found here,
+        // where the arena can still take memory the other way, and not at
+        // the first malloc.
+        void* r = B::reserve(raw_size);
+        if (r == nullptr) return nullptr;
+        void* first = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(r) + align - 1) &
+                                              ~(std::uintptr_t{align} - 1));
+        if (!B::commit(first, kProbeBytes, /*may_call_driver=*/true)) {
+          B::release(r, raw_size);
+          return nullptr;
+        }
+        B::decommit(first, kProbeBytes);
+        return r;
       } else {
         return nullptr;
       }

@@ -52,6 +52,12 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
                   "the kernel refused MADV_DONTFORK on %s memory (%s), so a forked child would "
                   "share its parent's heap",
                   backend_name(id), std::strerror(result));
+  } else if (step == kRegisterFailed) {
+    std::snprintf(out, len, "cuMemHostRegister of %llu bytes failed: %s", size,
+                  cu_result_name(static_cast<CUresult>(result)));
+  } else if (step == kReserveFailed) {
+    std::snprintf(out, len, "mmap of %llu bytes (a reservation) failed: %s", size,
+                  std::strerror(result));
   } else if (step == kAllocationFailed) {
     if (id == BackendId::host) {
       std::snprintf(out, len, "mmap of %llu bytes failed: %s", size, std::strerror(result));

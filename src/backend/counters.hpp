@@ -15,7 +15,9 @@ enum FailureStep : int {
   kContextFailed,
   kAllocationFailed,
   kRegistryFull,
-  kInheritable,  // the kernel refused MADV_DONTFORK on memory a child must not share
+  kInheritable,     // the kernel refused MADV_DONTFORK on memory a child must not share
+  kRegisterFailed,  // cuMemHostRegister refused a granule of a reservation
+  kReserveFailed,   // mmap refused a reservation (result: errno)
 };
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {

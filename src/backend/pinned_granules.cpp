@@ -104,7 +104,7 @@ bool driver_register(std::uintptr_t start, std::size_t size, bool lock) noexcept
       const CUresult rc =
           lock ? api->cuMemHostRegister(p, size, kRegisterFlags) : api->cuMemHostUnregister(p);
       ok = rc == CUDA_SUCCESS;
-      if (!ok && lock) c.failed(kAllocationFailed, rc, size);
+      if (!ok && lock) c.failed(kRegisterFailed, rc, size);
     }
     if (!ok) count_event(c.driver_failures);
   }
@@ -232,7 +232,7 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
   if (state == nullptr || !Os::exclude_from_fork(p, size, &err)) {
     if (state != nullptr) Os::unmap_pages(state, state_bytes);
     if (p != nullptr) Os::unmap_pages(p, size);
-    counters().failed(p == nullptr ? kAllocationFailed : kInheritable, err, size);
+    counters().failed(p == nullptr || state == nullptr ? kReserveFailed : kInheritable, err, size);
     slot->base.store(0, std::memory_order_release);
     return nullptr;
   }

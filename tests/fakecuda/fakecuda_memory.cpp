@@ -87,6 +87,20 @@ bool lies_in(const Block* b, std::uintptr_t p, std::size_t n) noexcept {
   return b != nullptr && n <= b->map_len - (p - b->addr);
 }
 
+// Whether every byte of [p, p + n) lies in some block, blocks that touch
+// end to end included: a device maps each allocation or registration at its
+// own address, so a kernel may run across neighbours (registered granules).
+bool mapped_for_device(std::uintptr_t p, std::size_t n) noexcept {
+  const std::uintptr_t end = p + n;
+  while (p < end) {
+    const Block* b = containing(p);
+    if (b == nullptr) return false;
+    if (lies_in(b, p, end - p)) return true;
+    p = b->addr + b->map_len;
+  }
+  return true;
+}
+
 // The managed block that holds all of [p, p + count), count > 0 (up to its
 // page-rounded end), or nullptr: what the advice and range calls accept.
 Block* managed_holding(std::uintptr_t p, std::size_t count) noexcept {
@@ -744,8 +758,7 @@ FAKECUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned g
   const std::size_t count = threads < n ? std::size_t(threads) : std::size_t(n);
   const auto start = reinterpret_cast<std::uintptr_t>(data);
   lock(kCall);
-  const Block* b = containing(start);
-  const bool reachable = g_config.pageable != 0 || lies_in(b, start, count * sizeof(int));
+  const bool reachable = g_config.pageable != 0 || mapped_for_device(start, count * sizeof(int));
   unlock();
   log_line("launch ptr=0x%llx count=%zu reachable=%d", static_cast<unsigned long long>(start),
            count, reachable ? 1 : 0);
