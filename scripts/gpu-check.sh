@@ -241,6 +241,33 @@ say "| size | cuMemAllocManaged, ms | cuMemAdvise, ms | cuMemHostAlloc, ms |"
 say "|---|---|---|---|"
 log_rows "$logs/costs.log" alloc-cost size managed_ms advise_ms pinned_ms
 say ""
+line=$(grep '^register-cost' "$logs/costs.log")
+say "The pinned backend's arenas are anonymous memory (MADV_DONTFORK) registered 1 MiB at a time as"
+say "mimalloc commits it, where the device reaches registered memory at its host address (1 below);"
+say "a kernel across neighbouring registrations is the \`pinned\` row of section 1."
+say ""
+say "- CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: $(echo "$line" | field host_pointer);" \
+    "MADV_DONTFORK on the memory: $(echo "$line" | field dontfork)"
+say "- cuMemHostRegister of 1 MiB: $(echo "$line" | field register_ms) ms;" \
+    "cuMemHostUnregister: $(echo "$line" | field unregister_ms) ms (median of 20; last: $(echo "$line" | field last))"
+run_step "give-back" 120 pinned python3 - <<'PY' >/dev/null
+import ctypes, json, time
+lib = ctypes.CDLL(None)
+lib.mnemosyne_stats_json.restype = ctypes.c_void_p
+def backed():
+    raw = lib.mnemosyne_stats_json()
+    doc = json.loads(ctypes.string_at(raw).decode())
+    lib.free(ctypes.c_void_p(raw))
+    return doc["pools"]["pinned"]["bytes_backed"] >> 20
+blocks = [bytearray(1 << 20) for _ in range(2048)]
+peak = backed()
+del blocks
+time.sleep(3)
+print(f"give-back peak_mib={peak} after_mib={backed()}")
+PY
+say "- 2 GiB in 1 MiB blocks under \`pinned\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
+    "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees"
+say ""
 
 say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int of the second):"
 say ""

@@ -324,6 +324,11 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   // thread's first 64 bytes commit about 1 MiB of its segment, not 32):
   // committed arenas ignore this.
   mi_option_set(mi_option_eager_commit, 0);
+  // A freed segment's commits go back at once: for reserved memory that
+  // only marks its chunks unused (the backend gives a granule back after a
+  // delay of its own, pinned_granules.cpp), for committed arenas it does
+  // nothing.
+  mi_option_set(mi_option_segment_decommit_delay, 0);
   mnemosyne_mi_set_huge_clear(&clear_huge_block);
   mnemosyne_mi_set_os_hook(&os_hook);
   mi_process_init();

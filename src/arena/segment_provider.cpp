@@ -142,7 +142,13 @@ bool commit_pending(bool* pending) noexcept {
   const PendingCommit p = t_pending;
   t_pending = PendingCommit{};
   *pending = p.start != nullptr;
-  return *pending && backend_commit(p.start, p.size, /*may_call_driver=*/true);
+  if (!*pending || !backend_commit(p.start, p.size, /*may_call_driver=*/true)) return false;
+  // Here, outside mimalloc and every lock of the arena, is where the
+  // backend's give-back may start (a thread: its creation may call malloc).
+  with_backend(owner_backend(owner_tag(p.start)), []<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) B::start_give_back();
+  });
+  return true;
 }
 
 void provider_enter_forked_child() noexcept {

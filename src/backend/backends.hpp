@@ -106,6 +106,7 @@ struct CudaHostPinned : CpuMemory {
   static bool commit(void* ptr, std::size_t size, bool may_call_driver) noexcept;
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept;
+  static void start_give_back() noexcept;
   static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };

@@ -50,8 +50,10 @@ bool > &&
             // backs a page-aligned range inside a reservation (false: it could
             // not, or it would have to call the driver and may not),
             // decommit() marks a range unused (no driver call),
-            // release() gives back the whole reservation. The arena lets
-            // mimalloc's commits decide (mimalloc-os-hooks.patch).
+            // release() gives back the whole reservation, start_give_back()
+            // starts what returns unused parts of reservations (outside the
+            // allocator and its locks). The arena lets mimalloc's commits
+            // decide (mimalloc-os-hooks.patch).
             std::same_as<std::remove_cv_t<decltype(B::commits_on_demand)>, bool> &&
     (!B::commits_on_demand || requires(std::size_t size, void* ptr) {
       { B::reserve(size) }
@@ -62,6 +64,8 @@ bool > &&
       noexcept->std::same_as<void>;
       { B::release(ptr, size) }
       noexcept->std::same_as<bool>;
+      { B::start_give_back() }
+      noexcept->std::same_as<void>;
     });
 
 }  // namespace mnemosyne

@@ -9,8 +9,7 @@
 // registration can only be undone whole, so the granule is the unit that can
 // be given back. mimalloc commits and decommits in 64 KiB chunks (its
 // MI_COMMIT_SIZE); which chunks of a granule are committed is tracked so
-// that a granule none of them uses can be given back (not yet: see
-// drop_bits).
+// that a granule none of them uses can be given back.
 //
 // mimalloc commits from inside its allocation path, where the driver must
 // not be called: the driver calls malloc, which would re-enter mimalloc
@@ -26,9 +25,18 @@
 // A driver without it leaves reserve() null, and the arena falls back to
 // cuMemHostAlloc.
 //
-// Each granule's state is one atomic word: which chunks are committed, and
-// whether it is registered, or being (un)registered by a thread (busy). No
-// lock is held across a driver call: the driver calls malloc, and a malloc
+// Giving back has the same constraint: mimalloc decommits from inside its
+// free path. A decommit only marks chunks unused; a thread of mnemosyne's
+// own (the give-back thread, started the first time a commit needs the
+// driver, every asynchronous signal blocked) unregisters a granule that has
+// stayed wholly unused for one pass (kPassNs) to the next. It sleeps while
+// no granule is unused.
+//
+// Each granule's state is one atomic word: which chunks are committed,
+// whether it is registered, or being (un)registered by a thread (busy),
+// whether the last give-back pass saw it unused (idle), and whether the
+// driver refused to unregister it (kept). No lock is held across a driver
+// call that a malloc could wait for: the driver calls malloc, and a malloc
 // may need a commit.
 #include <atomic>
 #include <cstdint>
@@ -49,6 +57,14 @@ static_assert(kChunks <= 16);
 constexpr std::uint32_t kChunkBits = (std::uint32_t{1} << kChunks) - 1;
 constexpr std::uint32_t kRegistered = std::uint32_t{1} << 16;
 constexpr std::uint32_t kBusy = std::uint32_t{1} << 17;
+constexpr std::uint32_t kIdle = std::uint32_t{1} << 18;
+constexpr std::uint32_t kKept = std::uint32_t{1} << 19;
+// A give-back pass marks the registered granules no chunk uses (idle) and
+// unregisters those the pass before marked: a granule goes back between one
+// and two passes after mimalloc stopped using it. mimalloc's own delay
+// before it decommits a freed segment (segment_decommit_delay) is 500 ms,
+// and set to 0 for arenas (arena.cpp): this delay takes its place.
+constexpr std::uint64_t kPassNs = 500'000'000;
 constexpr unsigned kRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
 
 // One reservation. `base` is 0 for a free slot, 1 while a thread fills it.
@@ -64,6 +80,28 @@ struct Reservation {
 // replacements: a fixed table, no allocation.
 constexpr std::size_t kMaxReservations = 128;
 constinit Reservation g_reservations[kMaxReservations];
+
+// Bumped (and the give-back thread woken) when a registered granule becomes
+// unused.
+constinit std::atomic<std::uint32_t> g_idle_events{0};
+// The give-back thread: 0 not started, 1 started, -1 the OS refused.
+constinit std::atomic<int> g_give_back_thread{0};
+// A give-back pass and release() exclude each other: release unmaps the
+// granule words a pass reads. Held across driver calls only by those two,
+// neither of which a malloc waits for.
+constinit std::atomic<bool> g_table_lock{false};
+
+class TableGuard {
+ public:
+  TableGuard() noexcept {
+    for (std::size_t spins = 0; g_table_lock.exchange(true, std::memory_order_acquire);) {
+      Os::pause(spins++);
+    }
+  }
+  ~TableGuard() { g_table_lock.store(false, std::memory_order_release); }
+  TableGuard(const TableGuard&) = delete;
+  TableGuard& operator=(const TableGuard&) = delete;
+};
 
 Reservation* find(std::uintptr_t p, std::size_t size) noexcept {
   for (Reservation& r : g_reservations) {
@@ -142,10 +180,16 @@ std::atomic<std::uint32_t>& word(Reservation& r, std::uintptr_t g) noexcept {
 // Marks `bits` of granule g uncommitted. The granule stays registered even
 // when none of its chunks is committed: mimalloc decommits from inside its
 // free and allocation paths, where the driver must not be called (it calls
-// malloc and free, which would re-enter mimalloc mid-operation). Released
-// with the whole reservation.
+// malloc and free, which would re-enter mimalloc mid-operation). The
+// give-back thread is woken to unregister it later.
 void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
-  word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
+  const std::uint32_t before = word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
+  const std::uint32_t after = before & ~bits;
+  if ((before & bits) != 0 && (after & (kChunkBits | kBusy | kKept)) == 0 &&
+      (after & kRegistered) != 0) {
+    g_idle_events.fetch_add(1, std::memory_order_release);
+    g_idle_events.notify_all();
+  }
 }
 
 // Marks `bits` of granule g committed, registering it first when it is not
@@ -164,7 +208,7 @@ bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_cal
     // A forked child (no driver) has its own copy of the memory: using it
     // needs no registration.
     if ((s & kRegistered) != 0 || driver_api() == nullptr) {
-      if (w.compare_exchange_weak(s, s | bits, std::memory_order_acq_rel)) return true;
+      if (w.compare_exchange_weak(s, (s & ~kIdle) | bits, std::memory_order_acq_rel)) return true;
       continue;
     }
     if (!may_call_driver) return false;
@@ -178,7 +222,61 @@ bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_cal
   }
 }
 
+// Number of granule words of a reservation.
+std::size_t granule_count(const Reservation& r) noexcept {
+  const std::uintptr_t base = r.base.load(std::memory_order_relaxed);
+  return (base + r.size - r.first_granule + kGranule - 1) / kGranule;
+}
+
+// One give-back pass over every reservation; true when it left a granule
+// marked idle (the next pass may give it back).
+bool give_back_pass() noexcept {
+  bool marked = false;
+  TableGuard guard;
+  for (Reservation& r : g_reservations) {
+    if (r.base.load(std::memory_order_acquire) <= 1) continue;
+    const std::size_t count = granule_count(r);
+    for (std::size_t i = 0; i < count; ++i) {
+      std::atomic<std::uint32_t>& w = r.granules[i];
+      std::uint32_t s = w.load(std::memory_order_acquire);
+      if (s == kRegistered) {
+        w.compare_exchange_strong(s, kRegistered | kIdle, std::memory_order_acq_rel);
+        marked = true;  // either idle now, or in use again: looked at next pass
+        continue;
+      }
+      if (s != (kRegistered | kIdle)) continue;
+      if (!w.compare_exchange_strong(s, kRegistered | kBusy, std::memory_order_acq_rel)) {
+        marked = true;
+        continue;
+      }
+      std::uintptr_t start = 0;
+      std::size_t size = 0;
+      granule_span(r, r.first_granule + i * kGranule, &start, &size);
+      // Refused (the granule stays registered): kept, never tried again.
+      const bool ok = driver_register(start, size, /*lock=*/false);
+      w.store(ok ? 0 : (kRegistered | kKept), std::memory_order_release);
+    }
+  }
+  return marked;
+}
+
+void give_back_thread(void*) {
+  for (;;) {
+    const std::uint32_t seen = g_idle_events.load(std::memory_order_acquire);
+    if (!give_back_pass()) g_idle_events.wait(seen, std::memory_order_acquire);
+    Os::sleep_ns(kPassNs);
+  }
+}
+
 }  // namespace
+
+void CudaHostPinned::start_give_back() noexcept {
+  if (g_give_back_thread.load(std::memory_order_relaxed) != 0) return;
+  int expected = 0;
+  if (!g_give_back_thread.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return;
+  // Refused: unused granules stay registered until their reservation goes.
+  if (!Os::start_thread(&give_back_thread, nullptr)) g_give_back_thread.store(-1);
+}
 
 void* CudaHostPinned::reserve(std::size_t size) noexcept {
   const DriverApi* api = driver_api();
@@ -277,10 +375,10 @@ bool CudaHostPinned::release(void* ptr, std::size_t size) noexcept {
   if (r == nullptr || r->base.load(std::memory_order_relaxed) != base || r->size != size) {
     return false;
   }
-  const std::size_t count = r->state_bytes / sizeof(std::atomic<std::uint32_t>);
+  TableGuard guard;
+  const std::size_t count = granule_count(*r);
   for (std::size_t i = 0; i < count; ++i) {
     const std::uintptr_t g = r->first_granule + i * kGranule;
-    if (g >= base + size) break;
     if ((r->granules[i].load(std::memory_order_acquire) & kRegistered) == 0) continue;
     std::uintptr_t start = 0;
     std::size_t span = 0;

@@ -45,6 +45,11 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // Keeps a child created by fork() from inheriting [p, p + n) (Linux:
   // MADV_DONTFORK); false with the OS error in *err. Windows has no fork.
   { P::exclude_from_fork(p, n, err) } -> std::same_as<bool>;
+  { P::sleep_ns(std::uint64_t{0}) } -> std::same_as<void>;
+  // A detached thread of mnemosyne's own running fn(p), started with every
+  // asynchronous signal blocked (the program's signals go to the threads it
+  // chose); false when the OS refused.
+  { P::start_thread(static_cast<void (*)(void*)>(nullptr), p) } -> std::same_as<bool>;
 }
 &&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
   // The asynchronous signals (every one but the faults a thread raises
@@ -73,6 +78,8 @@ struct Linux {
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept;
+  static void sleep_ns(std::uint64_t ns) noexcept;
+  static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };
@@ -93,6 +100,8 @@ struct Windows {
   static std::uint64_t thread_cpu_ns(long tid) noexcept;
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
+  static void sleep_ns(std::uint64_t ns) noexcept;
+  static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}
 };

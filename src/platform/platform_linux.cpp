@@ -58,6 +58,46 @@ void Linux::pause(std::size_t spins) noexcept {
   }
 }
 
+void Linux::sleep_ns(std::uint64_t ns) noexcept {
+  struct timespec ts = {static_cast<time_t>(ns / 1000000000u), static_cast<long>(ns % 1000000000u)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+namespace {
+struct ThreadStart {
+  void (*fn)(void*);
+  void* arg;
+};
+void* thread_main(void* raw) {
+  const ThreadStart start = *static_cast<ThreadStart*>(raw);
+  munmap(raw, Linux::page_size());
+  start.fn(start.arg);
+  return nullptr;
+}
+}  // namespace
+
+bool Linux::start_thread(void (*fn)(void*), void* arg) noexcept {
+  // The start record is a page of its own, not malloc's: this runs on the
+  // allocator's slow path.
+  int err = 0;
+  auto* start = static_cast<ThreadStart*>(map_pages(page_size(), &err));
+  if (start == nullptr) return false;
+  *start = ThreadStart{fn, arg};
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  pthread_attr_setstacksize(&attr, 256 * 1024);
+  sigset_t saved;
+  block_async_signals(&saved);  // inherited by the new thread
+  pthread_t thread;
+  const int rc = pthread_create(&thread, &attr, &thread_main, start);
+  restore_signals(saved);
+  pthread_attr_destroy(&attr);
+  if (rc != 0) munmap(start, page_size());
+  return rc == 0;
+}
+
 std::uint64_t Linux::monotonic_ns() noexcept {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -60,6 +60,39 @@ void Windows::pause(std::size_t spins) noexcept {
   }
 }
 
+void Windows::sleep_ns(std::uint64_t ns) noexcept {
+  Sleep(static_cast<DWORD>((ns + 999999) / 1000000));
+}
+
+namespace {
+struct ThreadStart {
+  void (*fn)(void*);
+  void* arg;
+};
+DWORD WINAPI thread_main(LPVOID raw) {
+  const ThreadStart start = *static_cast<ThreadStart*>(raw);
+  VirtualFree(raw, 0, MEM_RELEASE);
+  start.fn(start.arg);
+  return 0;
+}
+}  // namespace
+
+// Windows has no signals to block.
+bool Windows::start_thread(void (*fn)(void*), void* arg) noexcept {
+  int err = 0;
+  auto* start = static_cast<ThreadStart*>(map_pages(sizeof(ThreadStart), &err));
+  if (start == nullptr) return false;
+  *start = ThreadStart{fn, arg};
+  HANDLE thread = CreateThread(nullptr, 256 * 1024, &thread_main, start,
+                               STACK_SIZE_PARAM_IS_A_RESERVATION, nullptr);
+  if (thread == nullptr) {
+    VirtualFree(start, 0, MEM_RELEASE);
+    return false;
+  }
+  CloseHandle(thread);
+  return true;
+}
+
 std::uint64_t Windows::monotonic_ns() noexcept {
   static LARGE_INTEGER frequency = [] {
     LARGE_INTEGER f;

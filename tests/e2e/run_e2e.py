@@ -1273,7 +1273,8 @@ def case_local_rank(tmp, backend):
 
 
 STATS_KEYS = {"allocations", "frees", "bytes_requested", "bytes_live", "bytes_peak", "segments",
-              "bytes_reserved", "driver_calls", "driver_failures", "driver_ms", "advice_failures"}
+              "bytes_reserved", "bytes_backed", "driver_calls", "driver_failures", "driver_ms",
+              "advice_failures"}
 
 
 def validate_stats(doc):
@@ -1509,6 +1510,47 @@ def case_stats_api(tmp, backend):
     expect(doc["counting"] is False, "counting is off unless asked for")
     expect(doc["active_backend"] == backend, f"active backend {doc['active_backend']}")
     expect(doc["pools"][backend]["segments"] >= 1, "no segment reported")
+
+
+PY_PHASES = r"""
+import ctypes, json, time
+lib = ctypes.CDLL(None)
+lib.mnemosyne_stats_json.restype = ctypes.c_void_p
+def backed():
+    raw = lib.mnemosyne_stats_json()
+    doc = json.loads(ctypes.string_at(raw).decode())
+    lib.free(ctypes.c_void_p(raw))
+    return doc["pools"]["pinned"]["bytes_backed"]
+blocks = [bytearray(1 << 20) for _ in range(2048)]
+for i, b in enumerate(blocks): b[-1] = i % 251
+check = sum(b[-1] for b in blocks)
+peak = backed()
+del blocks
+time.sleep(float(WAIT))
+after = backed()
+small = [bytes(64) for _ in range(1000)]
+print(check, len(small), peak, after)
+"""
+
+
+def case_give_back(tmp, backend):
+    """A program that holds 2 GiB in 1 MiB blocks, frees them all and waits:
+    the pinned memory it held goes back to the driver (its registered bytes
+    drop below 10% of the peak), and the program runs on as before."""
+    script = PY_PHASES.replace("WAIT", "3.0")
+    run = Run(tmp, backend, True)
+    r = run([PYTHON, "-c", script])
+    expect(r.returncode == 0 and not fault_lines(r), f"python failed: {r.returncode} "
+           f"{r.stderr[-800:]!r}")
+    check, small, peak, after = (int(x) for x in r.stdout.split())
+    expect(check == sum(i % 251 for i in range(2048)) and small == 1000, f"output {r.stdout!r}")
+    expect(peak >= 2 << 30, f"peak {peak >> 20} MiB backed for 2 GiB of blocks")
+    expect(after < peak // 10, f"{after >> 20} MiB still backed of a {peak >> 20} MiB peak")
+    events = parse_log(run.log)
+    unregistered = sum(int(e["size"]) for e in events if e["event"] == "free")
+    expect(unregistered >= peak - after - (64 << 20),
+           f"the driver saw {unregistered >> 20} MiB unregistered, stats say {(peak - after) >> 20}")
+    print(f"give-back: {peak >> 20} MiB backed at the peak, {after >> 20} MiB 3 s after the frees")
 
 
 def case_ls(tmp, backend):

@@ -75,8 +75,14 @@ try:
          "pinned in its own context survives a context reset"),
         ("| unified+own | ok | ok | ok | device, managed=1 |",
          "a kernel works on a heap in mnemosyne's own context"),
+        ("- CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: 1; MADV_DONTFORK on the memory: yes",
+         "what pinned reservations rely on is reported"),
+        ("cuMemHostUnregister: 0.", "registration is timed"),
     ]:
         expect(row in report, what, report)
+    m = re.search(r"all freed: (\d+) MiB page-locked at the peak, (\d+) MiB 3 s after", report)
+    expect(m and int(m.group(1)) >= 2048 and int(m.group(2)) < int(m.group(1)) // 10,
+           "the give-back row shows pinned memory returned", report)
     section = report.split("## 6. malloc/free throughput", 1)[-1].split("\n## ", 1)[0]
     rates = {l.split("|")[1].strip(): l for l in section.splitlines()
              if re.fullmatch(r"\| \w+ \| .* \| .* \|", l) and not l.startswith("| heap")}

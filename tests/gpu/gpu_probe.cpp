@@ -79,6 +79,8 @@ struct Driver {
   CUresult (*error_name)(CUresult, const char**);
   CUresult (*range_attribute)(void*, size_t, CUmem_range_attribute, CUdeviceptr, size_t);
   CUresult (*advise)(CUdeviceptr, size_t, CUmem_advise, CUmemLocation);  // _v2; optional
+  CUresult (*host_register)(void*, size_t, unsigned);                    // _v2; optional
+  CUresult (*host_unregister)(void*);                                    // optional
   CUresult (*ctx_reset)(CUdevice);                                       // optional
 };
 
@@ -135,6 +137,10 @@ bool open_driver() {
   g_cu.advise = reinterpret_cast<decltype(g_cu.advise)>(dlsym(lib, "cuMemAdvise_v2"));
   g_cu.ctx_reset =
       reinterpret_cast<CUresult (*)(CUdevice)>(dlsym(lib, "cuDevicePrimaryCtxReset_v2"));
+  g_cu.host_register =
+      reinterpret_cast<decltype(g_cu.host_register)>(dlsym(lib, "cuMemHostRegister_v2"));
+  g_cu.host_unregister =
+      reinterpret_cast<decltype(g_cu.host_unregister)>(dlsym(lib, "cuMemHostUnregister"));
   return ok;
 }
 
@@ -292,6 +298,47 @@ std::string median_ms(std::vector<double> v) {
   return text;
 }
 
+// What the pinned backend's reservations rely on: whether the device reaches
+// registered memory at its host address (CAN_USE_HOST_POINTER_FOR_
+// REGISTERED_MEM), and what registering one 1 MiB granule of anonymous
+// memory marked MADV_DONTFORK, as a reservation is, and unregistering it
+// cost (median of 20).
+int run_register_costs() {
+  int same_address = -1;
+  CUdevice dev = 0;
+  g_cu.device_get(&dev, 0);
+  g_cu.device_attribute(&same_address, CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                        dev);
+  if (g_cu.host_register == nullptr || g_cu.host_unregister == nullptr) {
+    std::printf("register-cost host_pointer=%d register_ms=missing unregister_ms=missing\n",
+                same_address);
+    return 0;
+  }
+  constexpr std::size_t kGranule = std::size_t{1} << 20;
+  void* p =
+      mmap(nullptr, 20 * kGranule, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return 1;
+  const int dontfork = madvise(p, 20 * kGranule, MADV_DONTFORK);
+  std::vector<double> reg;
+  std::vector<double> unreg;
+  CUresult last = CUDA_SUCCESS;
+  for (int i = 0; i < 20; ++i) {
+    char* g = static_cast<char*>(p) + i * kGranule;
+    auto t = std::chrono::steady_clock::now();
+    last =
+        g_cu.host_register(g, kGranule, CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE);
+    if (last != CUDA_SUCCESS) continue;
+    reg.push_back(ms_since(t));
+    t = std::chrono::steady_clock::now();
+    if (g_cu.host_unregister(g) == CUDA_SUCCESS) unreg.push_back(ms_since(t));
+  }
+  munmap(p, 20 * kGranule);
+  std::printf("register-cost host_pointer=%d dontfork=%s register_ms=%s unregister_ms=%s last=%s\n",
+              same_address, dontfork == 0 ? "yes" : "refused", median_ms(reg).c_str(),
+              median_ms(unreg).c_str(), name_of(last));
+  return 0;
+}
+
 int run_costs() {
   double init_ms = 0;
   double ctx_ms = 0;
@@ -328,7 +375,7 @@ int run_costs() {
     std::printf("alloc-cost size=%zu managed_ms=%s advise_ms=%s pinned_ms=%s\n", size,
                 median_ms(managed).c_str(), median_ms(advise).c_str(), median_ms(host).c_str());
   }
-  return 0;
+  return run_register_costs();
 }
 
 // This process's resident set (VmRSS), in KiB; 0 when unreadable.
