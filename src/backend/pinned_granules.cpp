@@ -84,6 +84,9 @@ constinit Reservation g_reservations[kMaxReservations];
 // Bumped (and the give-back thread woken) when a registered granule becomes
 // unused.
 constinit std::atomic<std::uint32_t> g_idle_events{0};
+// Whether the give-back thread sleeps on g_idle_events: a free that makes a
+// granule idle wakes it (a system call) only then.
+constinit std::atomic<bool> g_give_back_sleeping{false};
 // The give-back thread: 0 not started, 1 started, -1 the OS refused.
 constinit std::atomic<int> g_give_back_thread{0};
 // A give-back pass and release() exclude each other: release unmaps the
@@ -187,8 +190,10 @@ void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
   const std::uint32_t after = before & ~bits;
   if ((before & bits) != 0 && (after & (kChunkBits | kBusy | kKept)) == 0 &&
       (after & kRegistered) != 0) {
-    g_idle_events.fetch_add(1, std::memory_order_release);
-    g_idle_events.notify_all();
+    // Both sequentially consistent, as the thread's store and load are: either
+    // it sees this event before sleeping, or this sees it sleeping.
+    g_idle_events.fetch_add(1, std::memory_order_seq_cst);
+    if (g_give_back_sleeping.load(std::memory_order_seq_cst)) Os::wake_all(&g_idle_events);
   }
 }
 
@@ -263,7 +268,13 @@ bool give_back_pass() noexcept {
 void give_back_thread(void*) {
   for (;;) {
     const std::uint32_t seen = g_idle_events.load(std::memory_order_acquire);
-    if (!give_back_pass()) g_idle_events.wait(seen, std::memory_order_acquire);
+    if (!give_back_pass()) {
+      g_give_back_sleeping.store(true, std::memory_order_seq_cst);
+      if (g_idle_events.load(std::memory_order_seq_cst) == seen) {
+        Os::wait_while_equal(&g_idle_events, seen);
+      }
+      g_give_back_sleeping.store(false, std::memory_order_relaxed);
+    }
     Os::sleep_ns(kPassNs);
   }
 }

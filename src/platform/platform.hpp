@@ -4,6 +4,7 @@
 // reading a setting.
 #pragma once
 
+#include <atomic>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -46,6 +47,14 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // MADV_DONTFORK); false with the OS error in *err. Windows has no fork.
   { P::exclude_from_fork(p, n, err) } -> std::same_as<bool>;
   { P::sleep_ns(std::uint64_t{0}) } -> std::same_as<void>;
+  // Sleeping while *word still holds `seen` (it may also return early), and
+  // waking every thread sleeping on word: a futex on Linux, WaitOnAddress on
+  // Windows. Here, not std::atomic::wait, whose libstdc++ error path would
+  // make the preload library load libstdc++ into every process.
+  {
+    P::wait_while_equal(static_cast<std::atomic<std::uint32_t>*>(nullptr), std::uint32_t{0})
+    } -> std::same_as<void>;
+  { P::wake_all(static_cast<std::atomic<std::uint32_t>*>(nullptr)) } -> std::same_as<void>;
   // A detached thread of mnemosyne's own running fn(p), started with every
   // asynchronous signal blocked (the program's signals go to the threads it
   // chose); false when the OS refused.
@@ -79,6 +88,8 @@ struct Linux {
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept;
   static void sleep_ns(std::uint64_t ns) noexcept;
+  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
+  static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
@@ -101,6 +112,8 @@ struct Windows {
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
   static void sleep_ns(std::uint64_t ns) noexcept;
+  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
+  static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}

@@ -2,10 +2,12 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -62,6 +64,19 @@ void Linux::sleep_ns(std::uint64_t ns) noexcept {
   struct timespec ts = {static_cast<time_t>(ns / 1000000000u), static_cast<long>(ns % 1000000000u)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+}
+
+// A private futex: the word is never shared with another process.
+void Linux::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr,
+          nullptr, 0);
+}
+
+void Linux::wake_all(std::atomic<std::uint32_t>* word) noexcept {
+  const int saved = errno;  // called from the program's own malloc and free
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, 0x7fffffff,
+          nullptr, nullptr, 0);
+  errno = saved;
 }
 
 namespace {

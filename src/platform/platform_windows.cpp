@@ -64,6 +64,15 @@ void Windows::sleep_ns(std::uint64_t ns) noexcept {
   Sleep(static_cast<DWORD>((ns + 999999) / 1000000));
 }
 
+// WaitOnAddress (Windows 8 and later; libsynchronization).
+void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
+  WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, INFINITE);
+}
+
+void Windows::wake_all(std::atomic<std::uint32_t>* word) noexcept {
+  WakeByAddressAll(reinterpret_cast<PVOID>(word));
+}
+
 namespace {
 struct ThreadStart {
   void (*fn)(void*);
