@@ -29,8 +29,8 @@
 // free path. A decommit only marks chunks unused; a thread of mnemosyne's
 // own (the give-back thread, started the first time a commit needs the
 // driver, every asynchronous signal blocked) unregisters a granule that has
-// stayed wholly unused for one pass (kPassNs) to the next. It sleeps while
-// no granule is unused.
+// stayed wholly unused for one pass (kPassNs) to the next, and gives its
+// pages back to the OS. It sleeps while no granule is unused.
 //
 // Each granule's state is one atomic word: which chunks are committed,
 // whether it is registered, or being (un)registered by a thread (busy),
@@ -197,8 +197,9 @@ void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
   }
 }
 
-// Marks `bits` of granule g committed, registering it first when it is not
-// and `may_call_driver`; false when it is not registered and cannot be now.
+// Marks `bits` of granule g committed (none: only in use, no longer idle),
+// registering it first when it is not and `may_call_driver`; false when it
+// is not registered and cannot be now.
 bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_call_driver) noexcept {
   std::atomic<std::uint32_t>& w = word(r, g);
   std::uint32_t s = w.load(std::memory_order_acquire);
@@ -259,6 +260,10 @@ bool give_back_pass() noexcept {
       granule_span(r, r.first_granule + i * kGranule, &start, &size);
       // Refused (the granule stays registered): kept, never tried again.
       const bool ok = driver_register(start, size, /*lock=*/false);
+      // Unlocked, the pages are still resident: their contents are dead (no
+      // chunk is committed), so the OS takes them back, as mimalloc's own
+      // decommit would (a registration later locks fresh pages).
+      if (ok) Os::discard_pages(reinterpret_cast<void*>(start), size);
       w.store(ok ? 0 : (kRegistered | kKept), std::memory_order_release);
     }
   }
@@ -359,11 +364,20 @@ bool CudaHostPinned::commit(void* ptr, std::size_t size, bool may_call_driver) n
   Reservation* r = find(lo, size);
   if (r == nullptr) return false;
   const std::uintptr_t hi = lo + size;
-  for (std::uintptr_t g = lo / kGranule * kGranule; g < hi; g += kGranule) {
-    if (add_bits(*r, g, chunk_bits(g, lo, hi, /*liberal=*/true), may_call_driver)) continue;
-    // Undo what this call committed: the range is either committed or not.
-    if (g > lo) decommit(ptr, g - lo);
-    return false;
+  // mimalloc commits whole ranges of which some chunks may be committed
+  // already (and hold live data), so a failed commit must not clear any
+  // bit: first every granule is registered (or the commit fails having
+  // changed nothing), and marked in use (no longer idle), then the chunks
+  // are marked. A give-back pass that unregisters one of the granules in
+  // between (it would need two passes) makes the second loop fail: the
+  // chunks marked by then stay marked, which only keeps their granules
+  // registered until mimalloc decommits them.
+  const std::uintptr_t first = lo / kGranule * kGranule;
+  for (std::uintptr_t g = first; g < hi; g += kGranule) {
+    if (!add_bits(*r, g, 0, may_call_driver)) return false;
+  }
+  for (std::uintptr_t g = first; g < hi; g += kGranule) {
+    if (!add_bits(*r, g, chunk_bits(g, lo, hi, /*liberal=*/true), may_call_driver)) return false;
   }
   return true;
 }

@@ -47,6 +47,11 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // MADV_DONTFORK); false with the OS error in *err. Windows has no fork.
   { P::exclude_from_fork(p, n, err) } -> std::same_as<bool>;
   { P::sleep_ns(std::uint64_t{0}) } -> std::same_as<void>;
+  // The contents of [p, p + n), pages of map_pages, are no longer needed:
+  // the OS takes their frames back (resident memory drops) and the range
+  // stays mapped, reading zero or its old contents (Linux MADV_DONTNEED:
+  // zero; Windows MEM_RESET: either). False when the OS refused.
+  { P::discard_pages(p, n) } -> std::same_as<bool>;
   // Sleeping while *word still holds `seen` (it may also return early), and
   // waking every thread sleeping on word: a futex on Linux, WaitOnAddress on
   // Windows. Here, not std::atomic::wait, whose libstdc++ error path would
@@ -88,6 +93,7 @@ struct Linux {
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept;
   static void sleep_ns(std::uint64_t ns) noexcept;
+  static bool discard_pages(void* ptr, std::size_t size) noexcept;
   static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
@@ -112,6 +118,7 @@ struct Windows {
   static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
   static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
   static void sleep_ns(std::uint64_t ns) noexcept;
+  static bool discard_pages(void* ptr, std::size_t size) noexcept;
   static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;

@@ -66,6 +66,13 @@ void Linux::sleep_ns(std::uint64_t ns) noexcept {
   }
 }
 
+bool Linux::discard_pages(void* ptr, std::size_t size) noexcept {
+  const int saved = errno;
+  const bool ok = madvise(ptr, size, MADV_DONTNEED) == 0;
+  errno = saved;
+  return ok;
+}
+
 // A private futex: the word is never shared with another process.
 void Linux::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr,

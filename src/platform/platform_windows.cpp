@@ -64,6 +64,12 @@ void Windows::sleep_ns(std::uint64_t ns) noexcept {
   Sleep(static_cast<DWORD>((ns + 999999) / 1000000));
 }
 
+// MEM_RESET: the pages leave the working set without being written to the
+// page file; they stay committed.
+bool Windows::discard_pages(void* ptr, std::size_t size) noexcept {
+  return VirtualAlloc(ptr, size, MEM_RESET, PAGE_READWRITE) != nullptr;
+}
+
 // WaitOnAddress (Windows 8 and later; libsynchronization).
 void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
   WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, INFINITE);
