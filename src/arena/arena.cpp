@@ -25,8 +25,17 @@ constinit State g_state;
 
 namespace {
 
-// Requests this large get a segment of their own, given back on free.
-constexpr std::size_t kDedicatedThreshold = std::size_t{1} << 30;
+// Requests this large get a segment of their own, given back on free. From
+// backends whose arenas give back what mimalloc decommits (reservations:
+// pinned, host), only the largest. From backends whose arenas the driver
+// can only free whole (managed memory: madvise frees nothing there), a
+// huge block freed would stay allocated until the process ends, so every
+// block mimalloc would give a segment of its own (above 16 MiB, its
+// MI_LARGE_OBJ_SIZE_MAX) is one driver allocation instead, freed with it
+// (mimalloc never sees them: mnemosyne_mi_set_huge_limit). glibc's
+// threshold for an mmap of its own is at most 32 MiB.
+constexpr std::size_t kDedicatedLargest = std::size_t{1} << 30;
+constexpr std::size_t kDedicatedHuge = (std::size_t{16} << 20) + 1;
 // mimalloc 2.0.9 accepts 64 arenas per process; keep a few for the user.
 constexpr int kMaxArenas = 60;
 // How long a thread waits for another thread's growth that makes no
@@ -175,6 +184,13 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     return false;
   }
   g_state.arenas++;
+  // By backend, not by arena: pinned arenas from cuMemHostAlloc (where the
+  // driver would not register memory) are not given back either, but a
+  // block of their own would lock up to 32 MiB of alignment slack.
+  const bool gives_back = backend_commits_on_demand(backend);
+  g_state.dedicated_threshold.store(gives_back ? kDedicatedLargest : kDedicatedHuge,
+                                    std::memory_order_relaxed);
+  mnemosyne_mi_set_huge_limit(gives_back ? 0 : kDedicatedHuge);
   g_state.backend_bytes.fetch_add(is_cuda_backend(backend) ? seg.raw_size : 0);
   g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
   g_state.total_arena_bytes += seg.size;
@@ -385,7 +401,10 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;
   char dedicated_why[kReasonLen] = {};
-  if (alignment > kMaxArenaAlign || size >= kDedicatedThreshold) {
+  // An aligned request asks mimalloc for size + alignment - 1 bytes.
+  const std::size_t asked = alignment != 0 ? size + alignment - 1 : size;
+  if (alignment > kMaxArenaAlign ||
+      asked >= g_state.dedicated_threshold.load(std::memory_order_relaxed)) {
     p = alloc_dedicated(size, alignment, zero, dedicated_why, sizeof dedicated_why);
     why = dedicated_why;
   } else {

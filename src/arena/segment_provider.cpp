@@ -103,7 +103,11 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
 int commit_range(void* start, std::size_t size, int op) noexcept {
   const std::uint8_t tag = owner_tag(start);
   if (tag == 0) return -1;
-  if ((tag & kOwnerOnDemand) == 0 || g_forked_child.load(std::memory_order_relaxed)) return 1;
+  if ((tag & kOwnerOnDemand) == 0) return 1;
+  // A forked child's CUDA segments are its own copies (fork_copy.cpp): backed.
+  if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(owner_backend(tag))) {
+    return 1;
+  }
   return with_backend(owner_backend(tag), [&]<MemoryBackend B>() -> int {
     if constexpr (B::commits_on_demand) {
       if (op == MNEMOSYNE_MI_COMMIT) {
@@ -121,6 +125,10 @@ int commit_range(void* start, std::size_t size, int op) noexcept {
 
 bool backend_fresh_zero(BackendId backend) noexcept {
   return with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
+}
+
+bool backend_commits_on_demand(BackendId backend) noexcept {
+  return with_backend(backend, []<MemoryBackend B>() { return B::commits_on_demand; });
 }
 
 void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept {

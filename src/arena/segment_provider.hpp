@@ -52,6 +52,10 @@ bool commit_pending(bool* pending) noexcept;
 // Whether memory fresh from `backend` reads zero, as the backend says.
 bool backend_fresh_zero(BackendId backend) noexcept;
 
+// Whether `backend` gives reservations (memory backed, and given back,
+// where mimalloc commits and decommits it).
+bool backend_commits_on_demand(BackendId backend) noexcept;
+
 // Sets `size` bytes at `ptr`, memory of `backend`, to zero the way that
 // backend clears it (the device for managed memory, the CPU otherwise).
 void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept;

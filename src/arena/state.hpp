@@ -17,7 +17,9 @@ struct State {
   Config cfg{};
   std::atomic<BackendId> backend{BackendId::none};  // where new segments come from
   std::atomic<std::uint32_t> generation{0};         // bumped by every added arena
-  std::atomic<bool> exhausted{false};               // the backend said no; do not ask again
+  // Requests at least this large get a dedicated segment (arena.cpp).
+  std::atomic<std::size_t> dedicated_threshold{std::size_t{1} << 30};
+  std::atomic<bool> exhausted{false};  // the backend said no; do not ask again
   char exhausted_reason[kReasonLen] = {};
   std::atomic<bool> warned_fallback{false};
   char fallback_reason[kReasonLen] = {};  // written once, by the first fallback

@@ -116,13 +116,22 @@ struct Host : CpuMemory {
   static constexpr BackendId kId = BackendId::host;
   static constexpr const char* kName = "host";
   static constexpr bool inherited_by_fork = true;
-  static constexpr bool commits_on_demand = false;
+  // The kernel backs pages where they are touched and takes back those
+  // given up: a reservation is mapped memory (commit has nothing to do),
+  // decommit hands the pages back (Os::discard_pages), as mimalloc does with
+  // its own OS memory.
+  static constexpr bool commits_on_demand = true;
   // Anonymous mmap (and VirtualAlloc) memory is documented zero-filled.
   static bool fresh_memory_zero() noexcept { return true; }
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
+  static void* reserve(std::size_t size) noexcept { return allocate(size); }
+  static bool commit(void*, std::size_t, bool) noexcept { return true; }
+  static void decommit(void* ptr, std::size_t size) noexcept;
+  static bool release(void* ptr, std::size_t size) noexcept { return deallocate(ptr, size); }
+  static void start_give_back() noexcept {}
 };
 
 static_assert(MemoryBackend<CudaUnified>);

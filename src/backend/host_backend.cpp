@@ -53,6 +53,11 @@ bool Host::deallocate(void* ptr, std::size_t size) noexcept {
   return true;
 }
 
+// Called from inside mimalloc's free path: a system call, no allocation.
+void Host::decommit(void* ptr, std::size_t size) noexcept {
+  if (!Os::discard_pages(ptr, size)) count_event(backend_counters(kId).driver_failures);
+}
+
 void Host::clear(void* ptr, std::size_t size) noexcept {
   detail::clear_on_cpu(kId, ptr, size);
 }

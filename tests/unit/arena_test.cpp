@@ -147,20 +147,32 @@ TEST(Arena, RacingThreadsGrowByOneArenaAtATime) {
   });
 }
 
+// An arena that starts with one 32 MiB segment of room.
+arena::Config one_segment(BackendId backend) {
+  arena::Config cfg = config(backend);
+  cfg.first_segment = 32 * kMiB;
+  return cfg;
+}
+
 // Two threads that both need the arena to grow, over a driver whose every
-// allocation takes `ms` (busy or stalled, as the environment set it).
+// allocation takes `ms` (busy or stalled, as the environment set it). The
+// arena started with one_segment(), which this thread fills first; 16 MiB
+// is the largest block served from arenas (above, dedicated segments).
 void race_two_growths() {
+  void* filler = arena::alloc(16 * kMiB);
+  ASSERT_NE(filler, nullptr);
   std::atomic<bool> go{false};
   std::vector<void*> blocks[2];
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([&, t] {
       while (!go.load()) std::this_thread::yield();
-      blocks[t].push_back(arena::alloc(100 * kMiB));
+      blocks[t].push_back(arena::alloc(16 * kMiB));
     });
   }
   go = true;
   for (auto& t : threads) t.join();
+  release(filler);
   for (auto& v : blocks) {
     for (void* p : v) {
       ASSERT_NE(p, nullptr);
@@ -174,7 +186,7 @@ TEST(Arena, SlowGrowthThatMakesProgressIsWaitedFor) {
     // Longer than the 2 s a waiter gives a grower that uses no CPU: a busy
     // grower is making progress, however slowly, and is waited for.
     test::set_env("FAKECUDA_ALLOC_BUSY_MS", "2600");
-    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    ASSERT_TRUE(start_arena(one_segment(BackendId::unified)));
     race_two_growths();
     EXPECT_EQ(g_host_calls.load(), 0) << "the thread that waited must get driver memory";
     EXPECT_EQ(g_warnings.load(), 0);
@@ -187,7 +199,7 @@ TEST(Arena, StuckGrowthFallsBackToHostMemory) {
     // the driver for a lock the waiter holds): the waiter uses host memory,
     // with one warning.
     test::set_env("FAKECUDA_ALLOC_STALL_MS", "3500");
-    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    ASSERT_TRUE(start_arena(one_segment(BackendId::unified)));
     race_two_growths();
     EXPECT_GT(g_host_calls.load(), 0);
     EXPECT_EQ(g_warnings.load(), 1);
@@ -217,6 +229,53 @@ TEST(Arena, HugeAndOveralignedRequestsGetDedicatedSegments) {
     // Impossible sizes fail without asking the driver.
     EXPECT_EQ(arena::alloc(SIZE_MAX / 2), nullptr);
     EXPECT_EQ(fake->counters().failed_calls, after.failed_calls);
+  });
+}
+
+// Managed memory goes back to the driver only as whole allocations: a block
+// above 16 MiB (a mimalloc segment of its own) is one, freed with it, and
+// realloc moves a block across that line both ways. 16 MiB and less stays
+// in arenas. Host arenas give back what mimalloc decommits, so huge blocks
+// stay there.
+TEST(Arena, HugeBlocksOfManagedMemoryAreDriverAllocationsOfTheirOwn) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    void* large = arena::alloc(16 * kMiB);
+    ASSERT_NE(large, nullptr);
+    EXPECT_NE(owner_tag(large) & kOwnerArena, 0);
+    const auto before = fake->counters();
+    void* huge = arena::alloc(16 * kMiB + 1);
+    ASSERT_NE(huge, nullptr);
+    EXPECT_NE(owner_tag(huge) & kOwnerDedicated, 0);
+    EXPECT_EQ(fake->owns(huge), 1);
+    EXPECT_EQ(fake->counters().alloc_managed - before.alloc_managed, 1u);
+    std::memset(huge, 7, 16 * kMiB + 1);
+    void* grown = arena::realloc(large, owner_tag(large), 40 * kMiB);
+    ASSERT_NE(grown, nullptr);
+    EXPECT_NE(owner_tag(grown) & kOwnerDedicated, 0) << "grown past 16 MiB";
+    void* shrunk = arena::realloc(huge, owner_tag(huge), kMiB);
+    ASSERT_NE(shrunk, nullptr);
+    EXPECT_NE(owner_tag(shrunk) & kOwnerArena, 0) << "shrunk into the arena";
+    EXPECT_EQ(static_cast<unsigned char*>(shrunk)[kMiB - 1], 7);
+    void* zeroed = arena::alloc_zeroed(20 * kMiB);
+    ASSERT_NE(zeroed, nullptr);
+    EXPECT_NE(owner_tag(zeroed) & kOwnerDedicated, 0);
+    EXPECT_EQ(static_cast<unsigned char*>(zeroed)[20 * kMiB - 1], 0);
+    arena::free(grown, owner_tag(grown));
+    arena::free(zeroed, owner_tag(zeroed));
+    arena::free(shrunk, owner_tag(shrunk));
+    const auto after = fake->counters();
+    EXPECT_EQ(after.free_managed - before.free_managed, 3u) << "each huge block went back on free";
+    EXPECT_EQ(g_host_calls.load(), 0);
+  });
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::host)));
+    void* huge = arena::alloc(100 * kMiB);
+    ASSERT_NE(huge, nullptr);
+    EXPECT_NE(owner_tag(huge) & kOwnerArena, 0);
+    release(huge);
   });
 }
 

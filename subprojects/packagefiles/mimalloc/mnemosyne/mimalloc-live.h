@@ -70,6 +70,12 @@ void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size));
 #define MNEMOSYNE_MI_RESET 2
 void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op));
 
+/* Requests of at least `bytes` are not served from arenas: mimalloc returns
+ * NULL for them at once (its generic path, which every request above 1 KiB
+ * reaches, checks first), and the embedder serves them from memory of their
+ * own. 0, the default: no limit. May change while other threads allocate. */
+void mnemosyne_mi_set_huge_limit(size_t bytes);
+
 #ifdef __cplusplus
 }
 #endif

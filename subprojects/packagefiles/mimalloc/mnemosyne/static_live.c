@@ -29,12 +29,18 @@
 #include "page.c"
 #undef _mi_malloc_generic
 
+static _Atomic(size_t) mnemosyne_huge_limit;
+
 void* _mi_malloc_generic(mi_heap_t* heap, size_t size, bool zero,
                          size_t huge_alignment) mi_attr_noexcept {
   /* A size no allocator serves (above PTRDIFF_MAX, as glibc refuses too):
      refused before the heap's deferred work and mimalloc's error report,
      which would otherwise run for every such request. */
   if (size > PTRDIFF_MAX) return NULL;
+  /* A request the embedder serves from memory of its own (see
+     mnemosyne_mi_set_huge_limit): refused here, before the same work. */
+  const size_t huge_limit = mi_atomic_load_relaxed(&mnemosyne_huge_limit);
+  if (huge_limit != 0 && size >= huge_limit) return NULL;
   const int saved_errno = errno;
   void* p = mnemosyne_mi_malloc_generic_errno(heap, size, zero, huge_alignment);
   errno = saved_errno;
@@ -56,6 +62,10 @@ void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size)) {
 
 void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op)) {
   _mi_os_commit_hook = hook;
+}
+
+void mnemosyne_mi_set_huge_limit(size_t bytes) {
+  mi_atomic_store_relaxed(&mnemosyne_huge_limit, bytes);
 }
 
 static size_t mnemosyne_os_page(void) {
