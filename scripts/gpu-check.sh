@@ -250,23 +250,38 @@ say "- CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: $(echo "$line" | field host_poin
     "MADV_DONTFORK on the memory: $(echo "$line" | field dontfork)"
 say "- cuMemHostRegister of 1 MiB: $(echo "$line" | field register_ms) ms;" \
     "cuMemHostUnregister: $(echo "$line" | field unregister_ms) ms (median of 20; last: $(echo "$line" | field last))"
-run_step "give-back" 120 pinned python3 - <<'PY' >/dev/null
-import ctypes, json, time
+# A phase: 2 GiB held in blocks, all freed, 3 s of waiting. Pinned memory
+# goes back granule by granule; managed memory only as whole driver
+# allocations, which blocks above 16 MiB are.
+give_back_py='
+import ctypes, json, sys, time
 lib = ctypes.CDLL(None)
 lib.mnemosyne_stats_json.restype = ctypes.c_void_p
+pool, size, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def backed():
     raw = lib.mnemosyne_stats_json()
     doc = json.loads(ctypes.string_at(raw).decode())
     lib.free(ctypes.c_void_p(raw))
-    return doc["pools"]["pinned"]["bytes_backed"] >> 20
-blocks = [bytearray(1 << 20) for _ in range(2048)]
-peak = backed()
+    return doc["pools"][pool]["bytes_backed"] >> 20
+def resident():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) >> 10 for l in f if l.startswith("VmRSS:"))
+blocks = [bytearray(size) for _ in range(count)]
+for b in blocks: b[::4096] = bytes(len(b[::4096]))
+peak, peak_rss = backed(), resident()
 del blocks
 time.sleep(3)
-print(f"give-back peak_mib={peak} after_mib={backed()}")
-PY
+print(f"give-back peak_mib={peak} after_mib={backed()} peak_rss_mib={peak_rss} after_rss_mib={resident()}")
+'
+run_step "give-back" 120 pinned python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
+run_step "give-back-unified" 120 unified python3 -c "$give_back_py" unified $((64 << 20)) 32 >/dev/null
 say "- 2 GiB in 1 MiB blocks under \`pinned\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
-    "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees"
+    "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees" \
+    "(resident: $(field peak_rss_mib <"$logs/give-back.log") MiB, then $(field after_rss_mib <"$logs/give-back.log") MiB)"
+say "- 2 GiB in 64 MiB blocks under \`unified\` (each a driver allocation of its own), all freed:" \
+    "$(field peak_mib <"$logs/give-back-unified.log") MiB allocated at the peak," \
+    "$(field after_mib <"$logs/give-back-unified.log") MiB 3 s after the frees" \
+    "(resident: $(field peak_rss_mib <"$logs/give-back-unified.log") MiB, then $(field after_rss_mib <"$logs/give-back-unified.log") MiB)"
 say ""
 
 say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int of the second):"
