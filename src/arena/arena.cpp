@@ -390,6 +390,8 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   // The driver is calling malloc (inside a call of ours, or on a thread it
   // started during one): asking it for memory now could deadlock.
   if (in_driver_call()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
+  // The process is being torn down (Os::process_exiting): no driver call.
+  if (Os::process_exiting()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
   // A vfork child (or a clone sharing our memory) runs in the parent's
   // address space with the parent's heap: it may not call the driver, and
   // what it allocates before exec is short-lived. Served quietly from the

@@ -137,6 +137,11 @@ void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
 
 void release_segment(const Segment& segment) noexcept {
   owner_map_set(segment.start, segment.size, 0);
+  // A free during the teardown of the process (a DLL's detach on Windows,
+  // after ExitProcess stopped every other thread, the driver's included,
+  // perhaps inside one of its locks): the driver may not be called, and the
+  // memory goes with the process.
+  if (is_cuda_backend(segment.backend) && Os::process_exiting()) return;
   if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(segment.backend)) {
     // The child's copy (fork_copy.cpp, Linux), mapped by the provider at the
     // segment's own address; the slack was never copied.

@@ -47,6 +47,12 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // MADV_DONTFORK); false with the OS error in *err. Windows has no fork.
   { P::exclude_from_fork(p, n, err) } -> std::same_as<bool>;
   { P::sleep_ns(std::uint64_t{0}) } -> std::same_as<void>;
+  // Whether the process is being torn down with its other threads already
+  // stopped, wherever they were (perhaps inside the driver, holding its
+  // locks): no driver call may be made. Windows: DLL_PROCESS_DETACH of an
+  // exiting process (RtlDllShutdownInProgress). Linux: never (atexit
+  // handlers and destructors run with every thread alive).
+  { P::process_exiting() } -> std::same_as<bool>;
   // The contents of [p, p + n), pages of map_pages, are no longer needed:
   // the OS takes their frames back (resident memory drops) and the range
   // stays mapped, reading zero or its old contents (Linux MADV_DONTNEED:
@@ -96,6 +102,7 @@ struct Linux {
   static bool discard_pages(void* ptr, std::size_t size) noexcept;
   static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
+  static bool process_exiting() noexcept { return false; }
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
@@ -121,6 +128,7 @@ struct Windows {
   static bool discard_pages(void* ptr, std::size_t size) noexcept;
   static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
+  static bool process_exiting() noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask*) noexcept {}
   static void restore_signals(const SignalMask&) noexcept {}

@@ -70,6 +70,23 @@ bool Windows::discard_pages(void* ptr, std::size_t size) noexcept {
   return VirtualAlloc(ptr, size, MEM_RESET, PAGE_READWRITE) != nullptr;
 }
 
+// ntdll's RtlDllShutdownInProgress: true once ExitProcess has stopped every
+// other thread and is detaching DLLs (wine implements it too). Looked up
+// once; no function-local static (its guard would be a lock).
+bool Windows::process_exiting() noexcept {
+  using Fn = BOOLEAN(NTAPI*)();
+  static std::atomic<Fn> fn{nullptr};
+  static std::atomic<bool> looked{false};
+  if (!looked.load(std::memory_order_acquire)) {
+    HMODULE ntdll = GetModuleHandleA("ntdll.dll");
+    FARPROC p = ntdll != nullptr ? GetProcAddress(ntdll, "RtlDllShutdownInProgress") : nullptr;
+    fn.store(reinterpret_cast<Fn>(reinterpret_cast<void*>(p)), std::memory_order_relaxed);
+    looked.store(true, std::memory_order_release);
+  }
+  const Fn f = fn.load(std::memory_order_relaxed);
+  return f != nullptr && f() != 0;
+}
+
 // WaitOnAddress (Windows 8 and later; libsynchronization).
 void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
   WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, INFINITE);
