@@ -1534,6 +1534,10 @@ del blocks
 time.sleep(3.0)
 after, after_rss = backed(), resident()
 small = [bytes(64) for _ in range(1000)]
+again = [bytearray(size) for _ in range(count)]
+for i, b in enumerate(again):
+    b[::4096] = bytes([i * 7 % 251]) * len(b[::4096])
+check += sum(b[0] + b[-4096] for b in again)
 print(check, len(small), peak, after, peak_rss, after_rss)
 """
 
@@ -1558,7 +1562,8 @@ def case_give_back(tmp, backend):
     expect(r.returncode == 0 and not fault_lines(r), f"python failed: {r.returncode} "
            f"{r.stderr[-800:]!r}")
     check, small, peak, after, peak_rss, after_rss = (int(x) for x in r.stdout.split())
-    expect(check == 2 * sum(i % 251 for i in range(count)) and small == 1000, f"output {r.stdout!r}")
+    expect(check == 2 * sum(i % 251 + i * 7 % 251 for i in range(count)) and small == 1000,
+           f"output {r.stdout!r}")
     expect(peak_rss >= 2 << 30, f"{peak_rss >> 20} MiB resident for 2 GiB of blocks")
     expect(after_rss < peak_rss // 10,
            f"{after_rss >> 20} MiB still resident of a {peak_rss >> 20} MiB peak")
@@ -1571,6 +1576,25 @@ def case_give_back(tmp, backend):
                f"the driver saw {freed >> 20} MiB given back, stats say {(peak - after) >> 20}")
     print(f"give-back [{backend}]: {peak >> 20} MiB backed, {peak_rss >> 20} MiB resident at the "
           f"peak; {after >> 20} MiB and {after_rss >> 20} MiB 3 s after the frees")
+
+
+def case_give_back_refused(tmp, backend):
+    """A driver that refuses to unregister (FAKECUDA_UNREGISTER_ERROR): the
+    granules it keeps stay registered, and locked, with their pages, and the
+    program runs on as before, reusing them, with nothing printed."""
+    size, count, _ = GIVE_BACK[backend]
+    run = Run(tmp, backend, True, {"FAKECUDA_UNREGISTER_ERROR": "1"})
+    r = run([PYTHON, "-c", PY_PHASES, backend, str(size), str(count)])
+    expect(r.returncode == 0 and not r.stderr.strip(), f"python failed: {r.returncode} "
+           f"{r.stderr[-800:]!r}")
+    check, small, peak, after, _, _ = (int(x) for x in r.stdout.split())
+    expect(check == 2 * sum(i % 251 + i * 7 % 251 for i in range(count)) and small == 1000,
+           f"output {r.stdout!r}")
+    expect(peak >= 2 << 30 and after >= peak - (64 << 20),
+           f"{after >> 20} MiB backed after the frees, of {peak >> 20}: the driver kept them")
+    events = parse_log(run.log)
+    expect(not any(e["event"] == "free" for e in events), "the double unregistered something")
+    print(f"give-back refused: {peak >> 20} MiB registered, {after >> 20} MiB still registered")
 
 
 def case_ls(tmp, backend):

@@ -18,6 +18,7 @@ std::atomic<long> g_fail_alloc_after{-1};
 std::atomic<long> g_alloc_seen{0};
 std::atomic<unsigned long long> g_mem_limit{0};
 std::atomic<int> g_advise_error{0};
+std::atomic<int> g_unregister_error{0};
 std::atomic<int> g_copy_error{0};
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_forked{false};
@@ -93,6 +94,7 @@ void read_config() noexcept {
   if (env_ull("FAKECUDA_MEM_LIMIT", &u)) g_mem_limit.store(u);
   if (env_long("FAKECUDA_ADVISE_ERROR", &v)) g_advise_error.store(int(v));
   if (env_long("FAKECUDA_COPY_ERROR", &v)) g_copy_error.store(int(v));
+  if (env_long("FAKECUDA_UNREGISTER_ERROR", &v)) g_unregister_error.store(int(v));
 }
 
 void lock_or_die(pthread_mutex_t* m, const char* call) noexcept {

@@ -90,6 +90,7 @@ extern Config g_config;
 extern std::atomic<long> g_fail_alloc_after;         // -1: off
 extern std::atomic<long> g_alloc_seen;               // allocation calls since the limit was set
 extern std::atomic<unsigned long long> g_mem_limit;  // 0: off
+extern std::atomic<int> g_unregister_error;          // 0: off
 extern std::atomic<int> g_advise_error;              // 0: off
 extern std::atomic<int> g_copy_error;                // 0: off
 

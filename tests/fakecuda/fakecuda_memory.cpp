@@ -401,6 +401,8 @@ FAKECUDA_API CUresult cuMemHostUnregister(void* p) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
   } else if (long i = index_of_start(a, kHost, /*registered=*/true); i < 0) {
     rc = CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
+  } else if (const int refused = g_unregister_error.load(); refused != 0) {
+    rc = static_cast<CUresult>(refused);  // stays registered
   } else {
     size = g_blocks[i]->size;
     release(std::size_t(i));
