@@ -17,6 +17,31 @@ import tempfile
 
 LIB = os.environ["MNEMOSYNE_LIB"]
 FAKE = os.environ["FAKECUDA_LIB"]
+
+
+def readable_by_everyone(path):
+    """Whether a user other than its owner can open `path`: the file is
+    world-readable and every directory above it world-searchable."""
+    path = os.path.abspath(path)
+    if not os.stat(path).st_mode & 0o004:
+        return False
+    while path != os.path.dirname(path):
+        path = os.path.dirname(path)
+        if not os.stat(path).st_mode & 0o001:
+            return False
+    return True
+
+
+# Some cases run programs as other users (the PostgreSQL server as postgres,
+# setpriv's id as nobody), who must be able to load the preload library and
+# the double. A checkout in a private directory (mktemp -d makes one 0700)
+# gets copies of both, for this run, in a directory every user can read.
+if not (readable_by_everyone(LIB) and readable_by_everyone(FAKE)):
+    _shared = tempfile.mkdtemp(prefix="mnemosyne-e2e-libs-")
+    os.chmod(_shared, 0o755)
+    LIB, FAKE = (shutil.copy(p, _shared) for p in (LIB, FAKE))
+    import atexit
+    atexit.register(shutil.rmtree, _shared, ignore_errors=True)
 # E2E_DIRTY=1: the double hands out memory that is not zero (FAKECUDA_DIRTY),
 # as a driver that does not clear it would; every case must pass unchanged.
 DIRTY = os.environ.get("E2E_DIRTY") == "1"
