@@ -11,6 +11,7 @@
 
 #include <mimalloc-live.h>
 
+#include "arena/retire.hpp"
 #include "arena/segment_provider.hpp"
 #include "arena/segment_table.hpp"
 #include "arena/state.hpp"
@@ -122,17 +123,50 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
   clear_memory(owner_backend(owner_tag(p)), p, size);
 }
 
-// Adds an arena of at least `min_bytes`; the caller holds grow_lock.
-bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
-  if (g_state.arenas >= kMaxArenas) {
-    std::snprintf(why, why_len, "mimalloc's arena table is full (%d arenas)", g_state.arenas);
+bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
+
+// Memory of the size of a retired arena (retire.cpp), from a backend whose
+// arenas are committed, put in place of that arena; the caller holds
+// grow_lock and has entered nothing yet. False when none fits or the backend
+// refused: the caller adds an arena as usual.
+bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
+                         Segment* out) noexcept {
+  if (g_state.retired_count == 0 || backend_commits_on_demand(backend)) return false;
+  std::size_t size = 0;
+  const int slot = pick_retired_locked(need, want, &size);
+  if (slot == 0 || !within_limit(backend, size + kSegmentAlign)) return false;
+  Segment seg;
+  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/true, &seg)) return false;
+  if (seg.on_demand || seg.size != size || !g_state.table.add(seg, /*dedicated=*/false)) {
+    release_segment(seg);
     return false;
   }
+  owner_map_set(seg.start, seg.size,
+                static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
+  if (!mnemosyne_mi_arena_revive(slot, seg.start, seg.size, reads_zero(seg))) {
+    Segment removed;
+    g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
+    release_segment(seg);
+    return false;
+  }
+  revived_locked(slot);
+  *out = seg;
+  return true;
+}
+
+// Adds an arena of at least `min_bytes`; the caller holds grow_lock.
+bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noexcept {
   const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
   // A huge object needs its blocks contiguous in one arena, plus the
   // segment's own metadata: leave one 32 MiB block of room.
   const std::size_t need = round_up(min_bytes, kSegmentAlign) + kSegmentAlign;
   std::size_t want = std::max(g_state.next_arena_size, need);
+  Segment seg;
+  if (revive_arena_locked(backend, need, want, &seg)) return arena_added_locked(backend, seg);
+  if (g_state.arenas >= kMaxArenas) {
+    std::snprintf(why, why_len, "mimalloc's arena table is full (%d arenas)", g_state.arenas);
+    return false;
+  }
   const std::size_t slack = kSegmentAlign;  // what the provider adds for alignment
   if (!within_limit(backend, want + slack)) {
     const std::size_t room = g_state.cfg.limit - g_state.backend_bytes.load();
@@ -145,7 +179,6 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // A backend that refuses the geometric size may still have room for a
   // smaller arena (managed memory near the device's capacity, pinned memory
   // under the locked-memory limit): halve down to what the request needs.
-  Segment seg;
   bool got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/true, &seg);
   while (!got && want > need) {
     want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
@@ -184,6 +217,14 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
     return false;
   }
   g_state.arenas++;
+  return arena_added_locked(backend, seg);
+}
+
+// The bookkeeping of an arena added or revived; true.
+bool arena_added_locked(BackendId backend, const Segment& seg) noexcept {
+  if (g_state.first_arena.load(std::memory_order_relaxed) == nullptr) {
+    g_state.first_arena.store(seg.start, std::memory_order_relaxed);
+  }
   // By backend, not by arena: pinned arenas from cuMemHostAlloc (where the
   // driver would not register memory) are not given back either, but a
   // block of their own would lock up to 32 MiB of alignment slack.
@@ -249,6 +290,9 @@ bool grow(std::size_t min_bytes, std::uint32_t seen) noexcept {
     }
   }
   pthread_mutex_unlock(&g_state.grow_lock);
+  // Arenas the backend frees only whole are given back when unused: a thread
+  // does that, started here, outside mimalloc and the lock.
+  if (ok) start_retiring();
   return ok;
 }
 
@@ -347,6 +391,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   mi_option_set(mi_option_segment_decommit_delay, 0);
   mnemosyne_mi_set_huge_clear(&clear_huge_block);
   mnemosyne_mi_set_os_hook(&os_hook);
+  install_retire_hook();
   mi_process_init();
 
   report->requested = cfg.backend;
@@ -479,7 +524,8 @@ const char* fallback_reason() noexcept {
 }
 
 void stats(Stats* out) noexcept {
-  out->segments = static_cast<std::uint64_t>(g_state.arenas);
+  out->segments = static_cast<std::uint64_t>(g_state.arenas) -
+                  g_state.arenas_retired.load(std::memory_order_relaxed);
   out->dedicated_live = g_state.dedicated_live.load(std::memory_order_relaxed);
   out->dedicated_total = g_state.dedicated_total.load(std::memory_order_relaxed);
   for (int i = 0; i < kBackendCount; ++i) {

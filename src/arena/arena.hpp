@@ -145,7 +145,7 @@ bool lost_in_child(const void* addr) noexcept;
 bool restore_child_heap(const void* addr) noexcept;
 
 struct Stats {
-  std::uint64_t segments = 0;                        // arenas added
+  std::uint64_t segments = 0;                        // arenas held (added, less those given back)
   std::uint64_t dedicated_live = 0;                  // dedicated blocks live now
   std::uint64_t dedicated_total = 0;                 // dedicated blocks served
   std::uint64_t bytes_reserved[kBackendCount] = {};  // per backend, arenas + dedicated

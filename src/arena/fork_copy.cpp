@@ -435,6 +435,9 @@ bool copy_early() noexcept {
         g_snapshot[n++] = e;
       }
     }
+    // The arenas listed are read below, outside the lock: one retired
+    // meanwhile (retire.cpp) keeps its memory until this walk is over.
+    if (n != 0) g_state.fork_readers.fetch_add(1, std::memory_order_acq_rel);
   }
   if (n == 0) return true;
   auto* bounce = static_cast<unsigned char*>(map_anonymous(kBounceBytes));
@@ -447,14 +450,16 @@ bool copy_early() noexcept {
       break;
     }
     ++g_early_count;
-    // Arena segments are never released, so reading their metadata here,
-    // outside the table lock, is safe; a dedicated block freed meanwhile
-    // only makes copy_out fail, and the table no longer lists it.
+    // An arena's memory is not given back while this walk reads it
+    // (fork_readers), so reading its metadata here, outside the table lock,
+    // is safe; a dedicated block freed meanwhile only makes copy_out fail,
+    // and the table no longer lists it.
     Pass pass{&s, g_snapshot[i].segment.backend, true, true, g_early_residency, bounce};
     copy_segment(g_snapshot[i], pass);
     add_copied(pass);
     ok = !pass.failed;
   }
+  g_state.fork_readers.fetch_sub(1, std::memory_order_acq_rel);
   if (bounce != nullptr) munmap(bounce, kBounceBytes);
   if (!ok) {
     drop_early();

@@ -16,6 +16,10 @@ bool SegmentTable::add(const Segment& segment, bool dedicated) noexcept {
 
 bool SegmentTable::remove(const void* start, bool dedicated, Segment* out) noexcept {
   SpinGuard guard(lock_);
+  return remove_locked(start, dedicated, out);
+}
+
+bool SegmentTable::remove_locked(const void* start, bool dedicated, Segment* out) noexcept {
   for (std::size_t i = 0; i < high_water_; ++i) {
     Entry& e = entries_[i];
     if (e.used && e.dedicated == dedicated && e.segment.start == start) {

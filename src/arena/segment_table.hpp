@@ -26,6 +26,8 @@ class SegmentTable {
   // Removes the dedicated block (or the arena) starting at `start`; false
   // when none does.
   bool remove(const void* start, bool dedicated, Segment* out) noexcept;
+  // The same, for a caller that holds lock().
+  bool remove_locked(const void* start, bool dedicated, Segment* out) noexcept;
   // Size of the dedicated block starting at `start`, 0 when none does.
   std::size_t dedicated_size(const void* start) noexcept;
 

@@ -29,8 +29,21 @@ struct State {
   // (vfork, clone), sharing the parent's memory, where the driver must not
   // be called.
   std::atomic<long> pid{0};
-  std::atomic<long> grower{-1};       // thread id of grow_lock's latest holder
-  int arenas = 0;                     // under grow_lock
+  std::atomic<long> grower{-1};  // thread id of grow_lock's latest holder
+  int arenas = 0;                // mimalloc arena slots taken, under grow_lock
+  // Committed arenas given back whole (retire.cpp): their mimalloc slot, which
+  // a later growth may revive, and size. Under grow_lock.
+  struct Retired {
+    int slot = 0;
+    std::size_t size = 0;
+  };
+  Retired retired[64] = {};  // mimalloc's MI_MAX_ARENAS
+  int retired_count = 0;
+  std::atomic<std::uint64_t> arenas_retired{0};  // retired_count, for the statistics
+  std::atomic<void*> first_arena{nullptr};       // never retired
+  // Early fork copies walking arenas outside the table lock (fork_copy.cpp):
+  // a retired arena's memory goes back only when none is.
+  std::atomic<int> fork_readers{0};
   std::size_t next_arena_size = 0;    // under grow_lock
   std::size_t total_arena_bytes = 0;  // under grow_lock
   SegmentTable table;

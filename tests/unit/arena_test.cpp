@@ -326,6 +326,61 @@ TEST(Arena, UsageFollowsBlocksInUse) {
   });
 }
 
+// Managed memory goes back to the driver only whole: an arena of it that no
+// block is in use in any more is freed (cuMemFree) about a second later, the
+// first arena excepted, and growth later reuses its mimalloc slot over new
+// memory. Blocks kept meanwhile (in the first arena) stay intact.
+TEST(Arena, UnusedManagedArenasGoBackToTheDriver) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    std::vector<void*> kept;
+    for (int i = 0; i < 100; ++i) {
+      kept.push_back(arena::alloc(100));
+      std::memset(kept.back(), i, 100);
+    }
+    for (int round = 0; round < 3; ++round) {
+      std::vector<void*> blocks;
+      for (int i = 0; i < 400; ++i) {
+        void* p = arena::alloc(kMiB);
+        if (p == nullptr || fake->owns(p) != 1) {
+          ADD_FAILURE() << "round " << round << " block " << i << " at " << p
+                        << " is not in the driver's managed memory";
+          std::exit(1);
+        }
+        static_cast<unsigned char*>(p)[0] = static_cast<unsigned char>(i);
+        static_cast<unsigned char*>(p)[kMiB - 1] = static_cast<unsigned char>(i);
+        blocks.push_back(p);
+      }
+      for (std::size_t i = 0; i < blocks.size(); i += 7) {
+        EXPECT_EQ(static_cast<unsigned char*>(blocks[i])[0], i & 0xff);
+        EXPECT_EQ(static_cast<unsigned char*>(blocks[i])[kMiB - 1], i & 0xff);
+      }
+      arena::Stats full;
+      arena::stats(&full);
+      EXPECT_GE(full.segments, 4u);
+      const std::uint64_t frees = fake->counters().free_managed;
+      for (void* p : blocks) arena::free(p, owner_tag(p));
+      arena::Stats after;
+      for (int wait = 0; wait < 200; ++wait) {
+        arena::stats(&after);
+        if (after.segments == 1) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+      EXPECT_EQ(after.segments, 1u) << "arenas with no block in use were kept";
+      EXPECT_LT(after.bytes_reserved[int(BackendId::unified)],
+                full.bytes_reserved[int(BackendId::unified)] / 5);
+      EXPECT_GE(fake->counters().free_managed, frees + full.segments - 1);
+    }
+    for (int i = 0; i < 100; ++i) {
+      EXPECT_EQ(static_cast<unsigned char*>(kept[i])[99], i);
+      release(kept[i]);
+    }
+    EXPECT_EQ(g_host_calls.load(), 0) << "a request went to the host heap";
+  });
+}
+
 bool all_zero(const void* p, std::size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; i += 4093) {

@@ -76,6 +76,37 @@ void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op));
  * own. 0, the default: no limit. May change while other threads allocate. */
 void mnemosyne_mi_set_huge_limit(size_t bytes);
 
+/* Giving committed arenas back (arenas whose memory mimalloc cannot decommit:
+ * the driver frees managed memory only whole). mimalloc 2.0.9 never removes
+ * an arena; these let the embedder retire one that no block is in use in,
+ * give its memory back, and later put the arena's slot back to use over new
+ * memory of the same size.
+ *
+ * The hook is called, from inside mimalloc's free path (it must not allocate,
+ * lock or call a driver), each time a block freed leaves a committed arena
+ * with no block in use. While a hook is set, segments of committed arenas
+ * skip mimalloc's segment cache (which would keep their blocks in use). Set
+ * once, before the first allocation. */
+void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start));
+
+/* 1 when the committed arena that starts at arena_start has no block in use
+ * right now, else 0. Takes no lock. */
+int mnemosyne_mi_arena_unused(const void* arena_start);
+
+/* Takes every block of the committed arena that starts at arena_start out of
+ * use at once, if none is in use: mimalloc never hands out a block of it
+ * again, and it no longer starts anywhere (the walks above do not find it).
+ * Returns the arena's slot (1 and up) for mnemosyne_mi_arena_revive, or 0
+ * when there is no such arena or a block of it is in use (the arena is then
+ * as it was). The caller may then give the memory back. */
+int mnemosyne_mi_arena_retire(const void* arena_start);
+
+/* Puts retired arena `slot` back to use over the `size` bytes at `start`
+ * (aligned as mi_manage_os_memory_ex requires; size must be the retired
+ * arena's), committed, zero or not. Returns 1 when done, 0 when the slot is
+ * not a retired arena of that size. */
+int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero);
+
 #ifdef __cplusplus
 }
 #endif

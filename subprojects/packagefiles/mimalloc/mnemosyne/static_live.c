@@ -22,8 +22,68 @@
 #include "random.c"
 #include "os.c"
 #include "bitmap.c"
+#define _mi_arena_free mnemosyne_mi_arena_free_inner
 #include "arena.c"
+#undef _mi_arena_free
+
+/* Arena retirement (mimalloc-live.h): the embedder's hook, told when a
+ * committed arena has no block in use any more. */
+static void (*mnemosyne_arena_free_hook)(void* arena_start);
+
+/* The value a field of an arena's in-use bitmap holds when none of its blocks
+ * is in use: the bits past the arena's end are claimed for good. */
+static size_t mnemosyne_field_unused(const mi_arena_t* arena, size_t field) {
+  const size_t post = arena->field_count * MI_BITMAP_FIELD_BITS - arena->block_count;
+  if (field + 1 < arena->field_count || post == 0) return 0;
+  return (((size_t)1 << post) - 1) << (MI_BITMAP_FIELD_BITS - post);
+}
+
+static bool mnemosyne_arena_unused(mi_arena_t* arena) {
+  for (size_t f = 0; f < arena->field_count; f++) {
+    if (mi_atomic_load_relaxed(&arena->blocks_inuse[f]) != mnemosyne_field_unused(arena, f)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Every arena free goes through here: arena.c's, then the hook when the block
+ * freed was the last one in use in a committed arena (one that cannot
+ * decommit: the embedder can only give it back whole). A free of a block, not
+ * of a page or an object: it happens when a whole segment goes. */
+void _mi_arena_free(void* p, size_t size, size_t alignment, size_t align_offset, size_t memid,
+                    bool all_committed, mi_stats_t* stats) {
+  mnemosyne_mi_arena_free_inner(p, size, alignment, align_offset, memid, all_committed, stats);
+  void (*hook)(void*) = mnemosyne_arena_free_hook;
+  if (hook == NULL || p == NULL || size == 0 || memid == MI_MEMID_OS) return;
+  size_t arena_idx;
+  size_t bitmap_idx;
+  mi_arena_memid_indices(memid, &arena_idx, &bitmap_idx);
+  if (arena_idx >= MI_MAX_ARENAS) return;
+  mi_arena_t* arena = mi_atomic_load_ptr_relaxed(mi_arena_t, &mi_arenas[arena_idx]);
+  if (arena == NULL || arena->blocks_committed != NULL || !mnemosyne_arena_unused(arena)) return;
+  uint8_t* start = mi_atomic_load_ptr_relaxed(uint8_t, &arena->start);
+  if (start != NULL) hook(start);
+}
+
+#define _mi_segment_cache_push mnemosyne_mi_segment_cache_push_inner
 #include "segment-cache.c"
+#undef _mi_segment_cache_push
+
+/* Segments of committed arenas skip the segment cache while the embedder
+ * retires arenas: a cached segment keeps its arena block in use, so an arena
+ * would never be seen wholly free. The cache saves them nothing (their memory
+ * is never decommitted, and a segment from the arena is set up as one from
+ * the cache is). */
+bool _mi_segment_cache_push(void* start, size_t size, size_t memid,
+                            const mi_commit_mask_t* commit_mask,
+                            const mi_commit_mask_t* decommit_mask, bool is_large, bool is_pinned,
+                            mi_os_tld_t* tld) {
+  if (is_pinned && mnemosyne_arena_free_hook != NULL) return false;
+  return mnemosyne_mi_segment_cache_push_inner(start, size, memid, commit_mask, decommit_mask,
+                                               is_large, is_pinned, tld);
+}
+
 #include "segment.c"
 #define _mi_malloc_generic mnemosyne_mi_malloc_generic_errno
 #include "page.c"
@@ -224,4 +284,67 @@ void mnemosyne_mi_fork_child(void) {
   mi_atomic_store_relaxed(&abandoned_count, (size_t)0);
   mi_atomic_store_relaxed(&abandoned_visited_count, (size_t)0);
   mi_atomic_store_relaxed(&abandoned_readers, (size_t)0);
+}
+
+void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start)) {
+  mnemosyne_arena_free_hook = hook;
+}
+
+int mnemosyne_mi_arena_unused(const void* arena_start) {
+  if (arena_start == NULL) return 0;
+  const size_t count = mi_atomic_load_acquire(&mi_arena_count);
+  for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
+    mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
+    if (arena == NULL || arena->blocks_committed != NULL) continue;
+    if (mi_atomic_load_ptr_relaxed(uint8_t, &arena->start) != (const uint8_t*)arena_start) continue;
+    return mnemosyne_arena_unused(arena) ? 1 : 0;
+  }
+  return 0;
+}
+
+int mnemosyne_mi_arena_retire(const void* arena_start) {
+  if (arena_start == NULL) return 0;
+  const size_t count = mi_atomic_load_acquire(&mi_arena_count);
+  for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
+    mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
+    if (arena == NULL || arena->blocks_committed != NULL) continue;
+    if (mi_atomic_load_ptr_relaxed(uint8_t, &arena->start) != (const uint8_t*)arena_start) continue;
+    /* Claims every block, field by field, where none is in use; a field in
+     * use undoes the claims made so far (nobody else can have changed a
+     * field this claimed whole). */
+    for (size_t f = 0; f < arena->field_count; f++) {
+      size_t expected = mnemosyne_field_unused(arena, f);
+      if (!mi_atomic_cas_strong_acq_rel(&arena->blocks_inuse[f], &expected, MI_BITMAP_FIELD_FULL)) {
+        while (f-- > 0) {
+          mi_atomic_store_release(&arena->blocks_inuse[f], mnemosyne_field_unused(arena, f));
+        }
+        return 0;
+      }
+    }
+    mi_atomic_store_ptr_release(uint8_t, &arena->start, NULL);
+    return (int)a + 1;
+  }
+  return 0;
+}
+
+int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero) {
+  if (slot <= 0 || slot > MI_MAX_ARENAS || start == NULL) return 0;
+  if ((uintptr_t)start % MI_SEGMENT_ALIGN != 0) return 0;
+  mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[slot - 1]);
+  if (arena == NULL || arena->blocks_committed != NULL ||
+      mi_atomic_load_ptr_relaxed(uint8_t, &arena->start) != NULL ||
+      arena->block_count * MI_ARENA_BLOCK_SIZE != size) {
+    return 0;
+  }
+  arena->is_zero_init = (is_zero != 0);
+  for (size_t f = 0; f < arena->field_count; f++) {
+    mi_atomic_store_relaxed(&arena->blocks_dirty[f], (size_t)0);
+  }
+  mi_atomic_store_relaxed(&arena->search_idx, (size_t)0);
+  mi_atomic_store_ptr_release(uint8_t, &arena->start, (uint8_t*)start);
+  /* Released last: a thread that claims a block sees all of the above. */
+  for (size_t f = 0; f < arena->field_count; f++) {
+    mi_atomic_store_release(&arena->blocks_inuse[f], mnemosyne_field_unused(arena, f));
+  }
+  return 1;
 }
