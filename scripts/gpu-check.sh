@@ -252,7 +252,8 @@ say "- cuMemHostRegister of 1 MiB: $(echo "$line" | field register_ms) ms;" \
     "cuMemHostUnregister: $(echo "$line" | field unregister_ms) ms (median of 20; last: $(echo "$line" | field last))"
 # A phase: 2 GiB held in blocks, all freed, 3 s of waiting. Pinned memory
 # goes back granule by granule; managed memory only as whole driver
-# allocations, which blocks above 16 MiB are.
+# allocations: blocks above 16 MiB are each one, smaller ones lie in arenas
+# that go back (cuMemFree) once no block of theirs is in use.
 give_back_py='
 import ctypes, json, sys, time
 lib = ctypes.CDLL(None)
@@ -275,6 +276,13 @@ print(f"give-back peak_mib={peak} after_mib={backed()} peak_rss_mib={peak_rss} a
 '
 run_step "give-back" 120 pinned python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
 run_step "give-back-unified" 120 unified python3 -c "$give_back_py" unified $((64 << 20)) 32 >/dev/null
+# Arenas: a C program that keeps nothing across the phase (tests/e2e's
+# promise_probe), so that every arena but the first has no block in use.
+phases=""
+for dir in "$prebuilt" "$root/build"; do
+  [ -n "$dir" ] && [ -x "$dir/tests/e2e/promise_probe" ] && { phases="$dir/tests/e2e/promise_probe"; break; }
+done
+[ -n "$phases" ] && run_step "give-back-arenas" 120 unified "$phases" phases 1024 2048 >/dev/null
 say "- 2 GiB in 1 MiB blocks under \`pinned\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
     "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees" \
     "(resident: $(field peak_rss_mib <"$logs/give-back.log") MiB, then $(field after_rss_mib <"$logs/give-back.log") MiB)"
@@ -282,6 +290,15 @@ say "- 2 GiB in 64 MiB blocks under \`unified\` (each a driver allocation of its
     "$(field peak_mib <"$logs/give-back-unified.log") MiB allocated at the peak," \
     "$(field after_mib <"$logs/give-back-unified.log") MiB 3 s after the frees" \
     "(resident: $(field peak_rss_mib <"$logs/give-back-unified.log") MiB, then $(field after_rss_mib <"$logs/give-back-unified.log") MiB)"
+if [ -n "$phases" ]; then
+  line=$(grep -m1 '^phase=0 ' "$logs/give-back-arenas.log")
+  say "- 2 GiB in 1 MiB blocks under \`unified\` (in arenas, each freed whole once unused), all freed:" \
+      "$(echo "$line" | field held_peak_mib) MiB of arenas at the peak," \
+      "$(echo "$line" | field held_after_mib) MiB 3 s after the frees" \
+      "(resident: $(echo "$line" | field rss_peak_mib) MiB, then $(echo "$line" | field rss_after_mib) MiB)"
+else
+  say "- 2 GiB in 1 MiB blocks under \`unified\`: not run (no build tree with tests/e2e/promise_probe)"
+fi
 say ""
 
 say "First touch of a fresh 256 MiB malloc, in GB/s (a kernel writes every int of the second):"

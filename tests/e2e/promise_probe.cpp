@@ -21,6 +21,11 @@
 //                              an exited thread left: the bytes in use
 //                              (uordblks + hblkhd) fall by what is freed, and
 //                              never exceed what the heap holds (arena + hblkhd)
+//   promise_probe phases KiB N  N blocks of KiB each, every page written,
+//                              all freed, 3 s of waiting, the same again:
+//                              a checksum on stdout; on stderr what the heap
+//                              held (mallinfo2 arena + hblkhd) and the RSS at
+//                              each peak and after each wait
 //   promise_probe fork-limit MiB
 //                              24 MiB of patterned blocks, RLIMIT_AS at the
 //                              process's size plus MiB, fork: either fork
@@ -272,6 +277,49 @@ int mode_calloc_big(long mib) {
   return dirty == 0 ? 0 : 1;
 }
 
+long rss_kib() {
+  FILE* f = std::fopen("/proc/self/statm", "r");
+  long pages = 0;
+  long resident = 0;
+  if (f != nullptr) {
+    if (std::fscanf(f, "%ld %ld", &pages, &resident) != 2) resident = 0;
+    std::fclose(f);
+  }
+  return resident * (sysconf(_SC_PAGESIZE) / 1024);
+}
+
+int mode_phases(long kib, long count) {
+  const std::size_t size = static_cast<std::size_t>(kib) << 10;
+  std::uint64_t sum = 0;
+  for (int phase = 0; phase < 2; ++phase) {
+    auto** blocks = static_cast<unsigned char**>(std::malloc(sizeof(void*) * count));
+    if (blocks == nullptr) return 1;
+    for (long i = 0; i < count; ++i) {
+      blocks[i] = static_cast<unsigned char*>(std::malloc(size));
+      if (blocks[i] == nullptr) {
+        std::printf("malloc of block %ld failed\n", i);
+        return 1;
+      }
+      for (std::size_t at = 0; at < size; at += 4096) blocks[i][at] = static_cast<unsigned char>(i);
+    }
+    for (long i = 0; i < count; ++i) sum += blocks[i][size - 1] + blocks[i][0];
+    const struct mallinfo2 peak = mallinfo2();
+    const long peak_rss = rss_kib();
+    for (long i = 0; i < count; ++i) std::free(blocks[i]);
+    std::free(blocks);
+    sleep(3);
+    const struct mallinfo2 after = mallinfo2();
+    std::fprintf(stderr,
+                 "phase=%d held_peak_mib=%zu held_after_mib=%zu rss_peak_mib=%ld "
+                 "rss_after_mib=%ld\n",
+                 phase, (peak.arena + peak.hblkhd) >> 20, (after.arena + after.hblkhd) >> 20,
+                 peak_rss >> 10, rss_kib() >> 10);
+  }
+  std::printf("phases: %ld blocks of %ld KiB twice, checksum %llu\n", count, kib,
+              static_cast<unsigned long long>(sum));
+  return 0;
+}
+
 // What a program watching its heap reads from mallinfo2.
 struct Heap {
   std::size_t in_use;
@@ -363,11 +411,14 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "calloc-big") == 0) {
     return mode_calloc_big(std::strtol(argv[2], nullptr, 10));
   }
+  if (argc >= 4 && std::strcmp(argv[1], "phases") == 0) {
+    return mode_phases(std::strtol(argv[2], nullptr, 10), std::strtol(argv[3], nullptr, 10));
+  }
   if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
     return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
   }
   std::fprintf(stderr,
                "usage: promise_probe align|stats-cancel|impossible|calloc|calloc-big MiB|mallinfo|"
-               "fork-limit MiB\n");
+               "phases KiB N|fork-limit MiB\n");
   return 2;
 }
