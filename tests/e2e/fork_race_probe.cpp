@@ -41,12 +41,31 @@ namespace {
 }
 
 // Waits for `pid` (retrying when a signal interrupts); true when it exited 0.
-bool child_ok(pid_t pid) {
+// Otherwise (or when the fork failed: pid < 0) one line on stderr says how it
+// ended; a witness child's exit code names the block it found wrong (see
+// witness_child). A signal handler waits here too: snprintf of numbers and
+// strings (glibc's takes no lock and allocates nothing) and write.
+bool child_ok(pid_t pid, const char* who) {
   int status = 0;
-  pid_t r;
+  pid_t r = -1;
+  if (pid < 0) {
+    char line[96];
+    const int n = std::snprintf(line, sizeof line, "%s: fork failed (errno %d)\n", who, errno);
+    if (n > 0) (void)!write(2, line, static_cast<std::size_t>(n));
+    return false;
+  }
   while ((r = waitpid(pid, &status, 0)) < 0 && errno == EINTR) {
   }
-  return r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  if (r == pid && WIFEXITED(status) && WEXITSTATUS(status) == 0) return true;
+  char line[160];
+  const int n =
+      r != pid ? std::snprintf(line, sizeof line, "%s: waitpid failed\n", who)
+      : WIFSIGNALED(status)
+          ? std::snprintf(line, sizeof line, "%s: child died of signal %d\n", who, WTERMSIG(status))
+          : std::snprintf(line, sizeof line, "%s: child exited with %d\n", who,
+                          WEXITSTATUS(status));
+  if (n > 0) (void)!write(2, line, static_cast<std::size_t>(n));
+  return false;
 }
 
 // ---- cross-thread frees beside forks
@@ -107,7 +126,7 @@ int mode_cross_free() {
       _exit(0);
     }
     ++children;
-    if (child_ok(pid)) ++ok;
+    if (child_ok(pid, "cross-free")) ++ok;
   }
   g_stop.store(true);
   for (auto& t : threads) t.join();
@@ -129,11 +148,14 @@ void make_witnesses() {
 }
 
 // In a child: only reads memory and calls _exit, which a child of a fork
-// made in a signal handler may do.
+// made in a signal handler may do. Exits 10 + i when witness i reads wrong,
+// 80 + i when its header is gone.
 [[noreturn]] void witness_child() {
-  for (void* b : g_witness) {
+  for (int i = 0; i < kWitnesses; ++i) {
     bool checked = false;
-    if (!test::block_ok(b, &checked) || !checked) _exit(5);
+    const bool ok = test::block_ok(g_witness[i], &checked);
+    if (!checked) _exit(80 + i);
+    if (!ok) _exit(10 + i);
   }
   _exit(0);
 }
@@ -157,7 +179,7 @@ void fork_in_handler(int) {
     if (g_handler_child_checks) witness_child();
     _exit(0);
   }
-  if (pid < 0 || !child_ok(pid)) g_handler_failures.fetch_add(1);
+  if (!child_ok(pid, "handler")) g_handler_failures.fetch_add(1);
   g_handler_forks.fetch_add(1);
   errno = saved;
 }
@@ -179,7 +201,7 @@ int churn_and_fork(pthread_barrier_t* barrier, int iterations) {
     if (do_fork) {
       const pid_t pid = fork();
       if (pid == 0) witness_child();
-      if (pid < 0 || !child_ok(pid)) ++fork_failures;
+      if (!child_ok(pid, "main")) ++fork_failures;
     }
     std::free(objects[slot]);
     objects[slot] = std::malloc(size);
@@ -273,7 +295,7 @@ int mode_signal_threads() {
     while (!second_stop.load()) {
       const pid_t pid = fork();
       if (pid == 0) witness_child();
-      if (pid < 0 || !child_ok(pid)) second_failures.fetch_add(1);
+      if (!child_ok(pid, "second")) second_failures.fetch_add(1);
       void* p = std::malloc(4096);
       std::free(p);
     }
