@@ -68,6 +68,8 @@ struct fakecuda_counters {
   uint64_t register_calls;      /* successful cuMemHostRegister_v2 */
   uint64_t unregister_calls;    /* successful cuMemHostUnregister */
   uint64_t registered_bytes;    /* bytes registered now (state, not reset; in live_bytes too) */
+  uint64_t discard_calls;       /* successful cuMemDiscardBatchAsync */
+  uint64_t discard_bytes;       /* bytes they discarded */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

@@ -126,6 +126,7 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC("cuStreamSynchronize", 2000, cuStreamSynchronize),
     FAKECUDA_PROC("cuStreamDestroy", 4000, cuStreamDestroy_v2),
     FAKECUDA_PROC("cuMemsetD8Async", 3020, cuMemsetD8Async),
+    FAKECUDA_PROC("cuMemDiscardBatchAsync", 13000, cuMemDiscardBatchAsync),
     FAKECUDA_PROC("cuModuleLoadData", 2000, cuModuleLoadData),
     FAKECUDA_PROC("cuModuleGetFunction", 2000, cuModuleGetFunction),
     FAKECUDA_PROC("cuModuleUnload", 2000, cuModuleUnload),

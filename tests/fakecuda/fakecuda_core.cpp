@@ -495,7 +495,8 @@ FAKECUDA_API void fakecuda_reset_counters(void) {
                   &c.thread_allocs,     &c.total_calls,     &c.legacy_calls,
                   &c.ctx_freed_blocks,  &c.pages_to_device, &c.cpu_migrations,
                   &c.dtoh_calls,        &c.dtoh_bytes,      &c.memset_calls,
-                  &c.memset_bytes,      &c.register_calls,  &c.unregister_calls})
+                  &c.memset_bytes,      &c.register_calls,  &c.unregister_calls,
+                  &c.discard_calls,     &c.discard_bytes})
     a->store(0);
   c.advise_last_device.store(-1);
   c.advise_last_advice.store(-1);
@@ -533,4 +534,6 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->register_calls = c.register_calls.load();
   out->unregister_calls = c.unregister_calls.load();
   out->registered_bytes = c.registered_bytes.load();
+  out->discard_calls = c.discard_calls.load();
+  out->discard_bytes = c.discard_bytes.load();
 }

@@ -64,6 +64,8 @@ struct Counters {
   std::atomic<std::uint64_t> register_calls{0};
   std::atomic<std::uint64_t> unregister_calls{0};
   std::atomic<std::uint64_t> registered_bytes{0};
+  std::atomic<std::uint64_t> discard_calls{0};
+  std::atomic<std::uint64_t> discard_bytes{0};
 };
 extern Counters g_counters;
 

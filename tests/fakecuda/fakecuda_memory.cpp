@@ -684,6 +684,50 @@ FAKECUDA_API CUresult cuMemsetD8Async(CUdeviceptr dstDevice, unsigned char uc, s
   return CUDA_SUCCESS;
 }
 
+// Discards managed ranges at once, as a batch that has finished. Their
+// contents become indeterminate: with FAKECUDA_DIRTY they read 0xa5 (and stay
+// in host RAM), otherwise the pages are given back (they read zero, and
+// count no longer in the process's RSS), which is what the driver's "can
+// also help reduce memory pressure" is taken to mean; scripts/gpu-check.sh
+// measures what a real driver does. Each range must lie in one managed
+// block; the stream must be a stream of the caller's (not the legacy one).
+FAKECUDA_API CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count,
+                                             unsigned long long flags, CUstream hStream) {
+  static const char kCall[] = "cuMemDiscardBatchAsync";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  if (CUresult rc = sticky(kCall); rc != CUDA_SUCCESS) return rc;
+  if (dptrs == nullptr || sizes == nullptr || count == 0 || flags != 0 || hStream == nullptr ||
+      hStream == CU_STREAM_LEGACY) {
+    return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  }
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  std::size_t bytes = 0;
+  if (usable_current() == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (!stream_valid(hStream)) {
+    rc = CUDA_ERROR_INVALID_HANDLE;
+  } else {
+    for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) {
+      const auto dst = std::uintptr_t(dptrs[i]);
+      const Block* b = containing(dst);
+      if (!lies_in(b, dst, sizes[i]) || b->kind != kManaged) rc = CUDA_ERROR_INVALID_VALUE;
+    }
+    for (std::size_t i = 0; i < count && rc == CUDA_SUCCESS; ++i) {
+      const auto dst = std::uintptr_t(dptrs[i]);
+      set_where_it_lives(dst, sizes[i], g_config.dirty ? 0xa5 : 0, /*managed=*/true);
+      bytes += sizes[i];
+      log_line("discard kind=managed ptr=0x%llx size=%zu", static_cast<unsigned long long>(dst),
+               sizes[i]);
+    }
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  g_counters.discard_calls.fetch_add(1);
+  g_counters.discard_bytes.fetch_add(bytes);
+  return CUDA_SUCCESS;
+}
+
 // ---------------------------------------------------------------- kernels
 //
 // The double runs one kernel, the GPU probe's (tests/gpu/gpu_probe.cpp):

@@ -132,6 +132,7 @@ struct Api {
   PFN_cuStreamSynchronize_v2000 cuStreamSynchronize = nullptr;
   PFN_cuStreamDestroy_v4000 cuStreamDestroy = nullptr;
   PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
+  PFN_cuMemDiscardBatchAsync_v13000 cuMemDiscardBatchAsync = nullptr;
 
   fakecuda_counters counters() const {
     fakecuda_counters c{};
@@ -173,6 +174,7 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "cuStreamSynchronize", &api->cuStreamSynchronize);
   resolve(h, "cuStreamDestroy_v2", &api->cuStreamDestroy);
   resolve(h, "cuMemsetD8Async", &api->cuMemsetD8Async);
+  resolve(h, "cuMemDiscardBatchAsync", &api->cuMemDiscardBatchAsync);
   resolve(h, "cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
   resolve(h, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease);
   resolve(h, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent);
@@ -996,6 +998,24 @@ void check_streams_and_memset(Api& a) {
   CHECK_RC(a.cuMemsetD8Async(CUdeviceptr(mine), 0, sizeof mine, s), CUDA_ERROR_INVALID_VALUE);
   CHECK_RC(a.cuMemsetD8Async(dp, 0, page, reinterpret_cast<CUstream>(mine)),
            CUDA_ERROR_INVALID_HANDLE);
+  // A discard: each range in one managed block, a stream of the caller's;
+  // the pages read zero afterwards (the double is not dirty here).
+  memset(p, 0x33, 16 * page);
+  CUdeviceptr ranges[2] = {dp, dp + 8 * page};
+  size_t sizes[2] = {4 * page, 8 * page};
+  const fakecuda_counters before_discard = a.counters();
+  CHECK_RC(a.cuMemDiscardBatchAsync(ranges, sizes, 2, 0, nullptr), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemDiscardBatchAsync(ranges, sizes, 2, 1, s), CUDA_ERROR_INVALID_VALUE);
+  size_t too_big[2] = {4 * page, 9 * page};
+  CHECK_RC(a.cuMemDiscardBatchAsync(ranges, too_big, 2, 0, s), CUDA_ERROR_INVALID_VALUE);
+  CUdeviceptr pinned[1] = {CUdeviceptr(host)};
+  CHECK_RC(a.cuMemDiscardBatchAsync(pinned, sizes, 1, 0, s), CUDA_ERROR_INVALID_VALUE);
+  CHECK(p[0] == 0x33 && p[15 * page] == 0x33);  // refused batches change nothing
+  CHECK_RC(a.cuMemDiscardBatchAsync(ranges, sizes, 2, 0, s), CUDA_SUCCESS);
+  CHECK(p[0] == 0 && p[4 * page - 1] == 0 && p[4 * page] == 0x33 && p[8 * page] == 0 &&
+        p[16 * page - 1] == 0);
+  CHECK(a.counters().discard_calls == before_discard.discard_calls + 1);
+  CHECK(a.counters().discard_bytes == before_discard.discard_bytes + 12 * page);
   CHECK_RC(a.cuStreamDestroy(s), CUDA_SUCCESS);
   CHECK_RC(a.cuStreamDestroy(s), CUDA_ERROR_INVALID_HANDLE);
   CHECK_RC(a.cuStreamSynchronize(s), CUDA_ERROR_INVALID_HANDLE);
