@@ -437,7 +437,7 @@ bool copy_early() noexcept {
     }
     // The arenas listed are read below, outside the lock: one retired
     // meanwhile (retire.cpp) keeps its memory until this walk is over.
-    if (n != 0) g_state.fork_readers.fetch_add(1, std::memory_order_acq_rel);
+    if (n != 0) g_state.fork_readers.fetch_add(1, std::memory_order_seq_cst);
   }
   if (n == 0) return true;
   auto* bounce = static_cast<unsigned char*>(map_anonymous(kBounceBytes));
@@ -476,6 +476,10 @@ void end_early() noexcept {
 
 void prepare_fork() noexcept {
   g_state.table.lock().lock();  // released in parent_after_fork / child_after_fork
+  // The walk below reads arena blocks in use; a free block being discarded
+  // meanwhile (retire.cpp) is skipped, one freed during the walk is not
+  // discarded until the fork is over.
+  g_state.fork_readers.fetch_add(1, std::memory_order_seq_cst);
   g_parent_pid = getpid();
   g_shadow_count = 0;
   g_missing_count = 0;
@@ -510,6 +514,7 @@ void prepare_fork() noexcept {
 }
 
 void parent_after_fork() noexcept {
+  g_state.fork_readers.fetch_sub(1, std::memory_order_seq_cst);
   g_child_state.store(kIdle, std::memory_order_release);
   g_shadow_count = 0;
   close_image();  // the child holds its own descriptor to it
@@ -584,6 +589,7 @@ bool restore_child_heap(const void* addr) noexcept {
 
 bool child_after_fork() noexcept {
   g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
+  g_state.fork_readers.store(0, std::memory_order_relaxed);  // the parent's walks
   // A child whose fork made no copy (a _Fork from a signal handler while
   // another thread's fork had not copied yet) lacks every segment that is not
   // inherited. kRestored means the first fault here already put the copy in.

@@ -20,6 +20,15 @@
 // working set and builds it again at once keeps its arenas. The first
 // arena, where a program's long-lived blocks usually are, is never retired.
 //
+// An arena that stays because some block of it lives on still holds the
+// memory its free blocks held: the driver cannot free part of an
+// allocation, but CUDA 13's cuMemDiscardBatchAsync lets it drop what a range
+// held. The hook queues every arena block freed (a ring: it may not
+// allocate), and the thread, one pass later, claims each block that is
+// still free (mimalloc then hands it to nobody, and the fork copy's walk
+// skips it), discards it and releases it. A driver without the call, or
+// one that refuses it once, is not asked again.
+//
 // A retire holds grow_lock (growth and revival exclude it) and, while it
 // takes the arena out of the segment table, the table's lock (a fork's copy
 // and the statistics walk the table under it). A fork's early copy walks
@@ -42,6 +51,8 @@ namespace mnemosyne::arena {
 namespace {
 
 constexpr std::uint64_t kPassNs = 500'000'000;
+// Whether freed blocks are queued for discarding: until the driver could not.
+constinit std::atomic<bool> g_discard_wanted{true};
 constexpr std::size_t kMaxArenaSlots = sizeof(State::retired) / sizeof(State::retired[0]);
 
 // Bumped by the hook (and the thread woken when it sleeps on it).
@@ -50,12 +61,32 @@ constinit std::atomic<bool> g_sleeping{false};
 // The thread: 0 not started, 1 started, -1 the OS refused.
 constinit std::atomic<int> g_thread{0};
 
-// mimalloc's hook (mnemosyne_mi_set_arena_free_hook): inside its free path.
-void on_arena_unused(void*) {
+// Arena blocks freed in kept arenas, for the thread to discard (a ring the
+// hook writes: it may not allocate). A block overwritten before the thread
+// got to it is not discarded.
+constexpr std::size_t kFreedRing = 1024;
+constinit std::atomic<std::uintptr_t> g_freed[kFreedRing] = {};
+constinit std::atomic<std::uint64_t> g_freed_head{0};
+constexpr std::size_t kArenaBlock = std::size_t{32} << 20;  // mimalloc's MI_SEGMENT_SIZE
+
+void wake() noexcept {
   // Both sequentially consistent, as the thread's store and load are: either
   // it sees this event before sleeping, or this sees it sleeping.
   g_events.fetch_add(1, std::memory_order_seq_cst);
   if (g_sleeping.load(std::memory_order_seq_cst)) Os::wake_all(&g_events);
+}
+
+// mimalloc's hook (mnemosyne_mi_set_arena_free_hook): inside its free path.
+void on_arena_free(void*, void* block, std::size_t size, int arena_unused) {
+  if (arena_unused == 0 && size == kArenaBlock &&
+      g_discard_wanted.load(std::memory_order_relaxed)) {
+    const std::uint64_t i = g_freed_head.fetch_add(1, std::memory_order_acq_rel);
+    g_freed[i % kFreedRing].store(reinterpret_cast<std::uintptr_t>(block),
+                                  std::memory_order_release);
+  } else if (arena_unused == 0) {
+    return;
+  }
+  wake();
 }
 
 bool retirable(const SegmentTable::Entry& e) noexcept {
@@ -89,14 +120,48 @@ bool retire_locked(void* start) noexcept {
   return true;
 }
 
-// One pass: retires the arenas found unused now that `marked` (the last
-// pass's) holds too, and leaves in `marked` those unused now for the first
-// time. Returns how many that is.
-std::size_t pass(void** marked, std::size_t count) noexcept {
+// Discards the memory of the blocks freed in [from, to) of the ring that are
+// still free (mimalloc hands a claimed block to nobody); under grow_lock.
+void discard_freed_locked(std::uint64_t from, std::uint64_t to) noexcept {
+  if (to - from > kFreedRing) from = to - kFreedRing;  // the older ones were overwritten
+  for (std::uint64_t i = from; i < to; ++i) {
+    const std::uintptr_t b = g_freed[i % kFreedRing].exchange(0, std::memory_order_acq_rel);
+    if (b == 0) continue;
+    void* block = reinterpret_cast<void*>(b);
+    const BackendId backend = owner_backend(owner_tag(block));
+    if (!mnemosyne_mi_block_claim(block)) continue;  // in use again, or its arena went
+    // A fork's walk that began before the claim may be reading this block
+    // (it was a segment then): not now. Both sequentially consistent with
+    // the walk's count and bit reads.
+    if (g_state.fork_readers.load(std::memory_order_seq_cst) != 0) {
+      mnemosyne_mi_block_release(block);
+      const std::uint64_t again = g_freed_head.fetch_add(1, std::memory_order_acq_rel);
+      g_freed[again % kFreedRing].store(b, std::memory_order_release);
+      continue;
+    }
+    const bool done = discard_memory(backend, block, kArenaBlock);
+    mnemosyne_mi_block_release(block);
+    if (!done) {
+      // The driver cannot: nothing more is queued.
+      g_discard_wanted.store(false, std::memory_order_relaxed);
+      return;
+    }
+  }
+}
+
+// One pass: discards the blocks freed before the last pass (`*discard_from`
+// up to `*discard_to`, which become the next pass's), retires the arenas
+// found unused now that `marked` (the last pass's) holds too, and leaves in
+// `marked` those unused now for the first time. Returns how many that is.
+std::size_t pass(void** marked, std::size_t count, std::uint64_t* discard_from,
+                 std::uint64_t* discard_to) noexcept {
   void* unused[kMaxArenaSlots];
   std::size_t found = 0;
   pthread_mutex_lock(&g_state.grow_lock);
   g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
+  discard_freed_locked(*discard_from, *discard_to);
+  *discard_from = *discard_to;
+  *discard_to = g_freed_head.load(std::memory_order_acquire);
   {
     SpinGuard guard(g_state.table.lock());
     const SegmentTable::Entry* entries = g_state.table.entries();
@@ -121,10 +186,12 @@ std::size_t pass(void** marked, std::size_t count) noexcept {
 void retire_thread(void*) {
   void* marked[kMaxArenaSlots];
   std::size_t count = 0;
+  std::uint64_t discard_from = 0;
+  std::uint64_t discard_to = 0;
   for (;;) {
     const std::uint32_t seen = g_events.load(std::memory_order_seq_cst);
-    count = pass(marked, count);
-    if (count == 0) {
+    count = pass(marked, count, &discard_from, &discard_to);
+    if (count == 0 && discard_from == discard_to) {
       g_sleeping.store(true, std::memory_order_seq_cst);
       if (g_events.load(std::memory_order_seq_cst) == seen) Os::wait_while_equal(&g_events, seen);
       g_sleeping.store(false, std::memory_order_relaxed);
@@ -136,7 +203,7 @@ void retire_thread(void*) {
 }  // namespace
 
 void install_retire_hook() noexcept {
-  mnemosyne_mi_set_arena_free_hook(&on_arena_unused);
+  mnemosyne_mi_set_arena_free_hook(&on_arena_free);
 }
 
 void start_retiring() noexcept {

@@ -135,6 +135,17 @@ void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
   with_backend(backend, [&]<MemoryBackend B>() { B::clear(ptr, size); });
 }
 
+bool discard_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
+  if (g_forked_child.load(std::memory_order_relaxed) || Os::process_exiting()) return false;
+  return with_backend(backend, [&]<MemoryBackend B>() {
+    if constexpr (B::data_off_cpu) {
+      return discard_managed(B::kId, ptr, size);
+    } else {
+      return false;
+    }
+  });
+}
+
 void release_segment(const Segment& segment) noexcept {
   owner_map_set(segment.start, segment.size, 0);
   // A free during the teardown of the process (a DLL's detach on Windows,

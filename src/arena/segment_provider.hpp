@@ -60,6 +60,11 @@ bool backend_commits_on_demand(BackendId backend) noexcept;
 // backend clears it (the device for managed memory, the CPU otherwise).
 void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept;
 
+// Tells `backend` that the free memory [ptr, ptr + size) of an arena holds
+// nothing (managed memory: discard_managed); its contents are indeterminate
+// afterwards. False when the backend cannot, or did not.
+bool discard_memory(BackendId backend, void* ptr, std::size_t size) noexcept;
+
 // Gives a segment back to its backend. In a forked child, segments that came
 // from a CUDA backend are the child's own copies (see fork_copy.hpp) and are
 // unmapped instead: the driver is never called there.

@@ -41,8 +41,9 @@ struct State {
   int retired_count = 0;
   std::atomic<std::uint64_t> arenas_retired{0};  // retired_count, for the statistics
   std::atomic<void*> first_arena{nullptr};       // never retired
-  // Early fork copies walking arenas outside the table lock (fork_copy.cpp):
-  // a retired arena's memory goes back only when none is.
+  // Fork copies walking arenas (fork_copy.cpp; the early one outside the
+  // table lock): a retired arena's memory goes back, and a free block's is
+  // discarded, only when none is (retire.cpp).
   std::atomic<int> fork_readers{0};
   std::size_t next_arena_size = 0;    // under grow_lock
   std::size_t total_arena_bytes = 0;  // under grow_lock

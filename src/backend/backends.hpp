@@ -34,6 +34,14 @@ struct ManagedMemory {
   // a driver call on this thread, or the call failed).
 };
 
+// Tells the driver that the managed memory [ptr, ptr + size) of backend `id`
+// holds nothing of use (cuMemDiscardBatchAsync, CUDA 13, on a stream of
+// mnemosyne's own, waited for): it may drop the pages, in host RAM and on
+// the device. Its contents are indeterminate afterwards. False when the
+// driver lacks the call, cannot be called here, or failed (after a failure
+// it is not asked again).
+bool discard_managed(BackendId id, void* ptr, std::size_t size) noexcept;
+
 // CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
 struct CudaUnified : ManagedMemory {
   static constexpr BackendId kId = BackendId::unified;

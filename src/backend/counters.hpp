@@ -35,7 +35,8 @@ struct BackendCounters {
   std::atomic<std::uint64_t> registry_full{0};            // allocations rolled back
   std::atomic<std::uint64_t> driver_ns{0};                // time spent in those calls
   std::atomic<std::uint64_t> bytes_cleared_on_device{0};  // clear() by the driver
-  std::atomic<std::uint64_t> bytes_cleared_on_cpu{0};     // clear() by the CPU
+  std::atomic<std::uint64_t> bytes_discarded{0};  // free managed memory dropped (discard_managed)
+  std::atomic<std::uint64_t> bytes_cleared_on_cpu{0};  // clear() by the CPU
   // The last failed allocate(), for messages: which step, the driver's
   // answer, and the size asked for.
   std::atomic<int> last_failure_step{0};  // a FailureStep

@@ -194,6 +194,45 @@ void cuda_clear(void* ptr, std::size_t size) noexcept {
 
 }  // namespace
 
+// The documentation says a discard "informs the driver that the contents of
+// that range are no longer useful" and "can also help reduce memory
+// pressure"; it does not say the pages are freed: scripts/gpu-check.sh
+// measures that (give-back-arenas). The call needs CONCURRENT_MANAGED_ACCESS
+// on every device, which the driver checks: a refusal stops further tries.
+bool discard_managed(BackendId id, void* ptr, std::size_t size) noexcept {
+  static constinit std::atomic<bool> refused{false};
+  const DriverApi* api = driver_api();
+  if (api == nullptr || refused.load(std::memory_order_relaxed) || in_driver_call() ||
+      api->cuMemDiscardBatchAsync == nullptr || api->cuStreamCreate == nullptr ||
+      api->cuStreamSynchronize == nullptr || api->cuStreamDestroy == nullptr) {
+    return false;
+  }
+  BackendCounters& c = backend_counters(id);
+  const std::uint64_t start = detail::monotonic_ns();
+  bool done = false;
+  {
+    DriverCall call;
+    CUstream stream = nullptr;
+    count_event(c.driver_calls);
+    if (call.ok() && api->cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS) {
+      count_event(c.driver_calls, 3);
+      CUdeviceptr range = to_device_ptr(ptr);
+      std::size_t bytes = size;
+      done = api->cuMemDiscardBatchAsync(&range, &bytes, 1, 0, stream) == CUDA_SUCCESS &&
+             api->cuStreamSynchronize(stream) == CUDA_SUCCESS;
+      api->cuStreamDestroy(stream);
+    }
+  }
+  if (!done) {
+    count_event(c.driver_failures);
+    refused.store(true, std::memory_order_relaxed);
+  } else {
+    count_event(c.bytes_discarded, size);
+  }
+  count_event(c.driver_ns, detail::monotonic_ns() - start);
+  return done;
+}
+
 bool CudaHostPinned::fresh_memory_zero() noexcept {
   // -2: not read yet. Two threads may both read the file: same answer.
   static std::atomic<int> known{-2};

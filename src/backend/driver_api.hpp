@@ -38,6 +38,8 @@ struct DriverApi {
   PFN_cuStreamSynchronize_v2000 cuStreamSynchronize;
   PFN_cuStreamDestroy_v4000 cuStreamDestroy;  // cuStreamDestroy_v2
   PFN_cuGetErrorName_v6000 cuGetErrorName;    // optional: may be null
+  // Dropping what free managed memory held (CUDA 13; optional: may be null).
+  PFN_cuMemDiscardBatchAsync_v13000 cuMemDiscardBatchAsync;
 };
 
 }  // namespace mnemosyne

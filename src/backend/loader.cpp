@@ -135,7 +135,8 @@ bool resolve_all(Resolver& r) noexcept {
          r.resolve(&a.cuMemsetD8Async, "cuMemsetD8Async", "cuMemsetD8Async", 3020, opt) &&
          r.resolve(&a.cuStreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 2000, opt) &&
          r.resolve(&a.cuStreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2", 4000, opt) &&
-         r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt);
+         r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt) &&
+         r.resolve(&a.cuMemDiscardBatchAsync, "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", 13000, opt);
   // clang-format on
 }
 

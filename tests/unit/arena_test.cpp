@@ -6,11 +6,20 @@
 // death test, in a fresh re-executed process with its own configuration.
 #include <gtest/gtest.h>
 #if !defined(_WIN32)
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstddef>
 #endif
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -381,6 +390,78 @@ TEST(Arena, UnusedManagedArenasGoBackToTheDriver) {
   });
 }
 
+bool all_zero(const void* p, std::size_t n);
+
+// An arena a live block keeps stays, but what its free blocks held is
+// discarded (cuMemDiscardBatchAsync: the double drops the pages, or with
+// FAKECUDA_DIRTY fills them with 0xa5), about a second after they were
+// freed; blocks made there later are intact, and zeroed ones read zero.
+TEST(Arena, FreeBlocksOfKeptManagedArenasAreDiscarded) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_DIRTY", "1");
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    // 380 blocks fill the arenas of 64, 64 and 128 MiB and start the one of
+    // 256 MiB, where a small block made then lives on.
+    std::vector<void*> blocks;
+    void* kept = nullptr;
+    for (int i = 0; i < 400; ++i) {
+      blocks.push_back(arena::alloc(kMiB));
+      ASSERT_NE(blocks.back(), nullptr);
+      static_cast<unsigned char*>(blocks.back())[0] = 1;
+      if (i == 380) {
+        kept = arena::alloc(3000);
+        ASSERT_NE(kept, nullptr);
+        std::memset(kept, 0x3c, 3000);
+      }
+    }
+    for (void* p : blocks) arena::free(p, owner_tag(p));
+    std::uint64_t discarded = 0;
+    for (int wait = 0; wait < 200 && discarded < 128 * kMiB; ++wait) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      discarded = fake->counters().discard_bytes;
+    }
+    EXPECT_GE(discarded, 128 * kMiB) << "free blocks of a kept arena were not discarded";
+    EXPECT_EQ(backend_counters(BackendId::unified).bytes_discarded.load(),
+              fake->counters().discard_bytes);
+    const auto* k = static_cast<const unsigned char*>(kept);
+    EXPECT_TRUE(k[0] == 0x3c && k[2999] == 0x3c) << "the block that lived on changed";
+    for (int i = 0; i < 400; ++i) {
+      void* p = arena::alloc_zeroed(kMiB);
+      ASSERT_NE(p, nullptr);
+      EXPECT_TRUE(all_zero(p, kMiB)) << "zeroed block " << i;
+      blocks[i] = p;
+    }
+    for (void* p : blocks) arena::free(p, owner_tag(p));
+    arena::free(kept, owner_tag(kept));
+    EXPECT_EQ(g_host_calls.load(), 0) << "a request went to the host heap";
+  });
+}
+
+// A driver without cuMemDiscardBatchAsync (before CUDA 13): free blocks keep
+// what they held, nothing fails.
+TEST(Arena, WithoutDiscardFreeBlocksStay) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_MISSING", "cuMemDiscardBatchAsync");
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    std::vector<void*> blocks;
+    void* kept = nullptr;
+    for (int i = 0; i < 200; ++i) {
+      blocks.push_back(arena::alloc(kMiB));
+      ASSERT_NE(blocks.back(), nullptr);
+      if (i == 150) kept = arena::alloc(3000);
+    }
+    for (void* p : blocks) arena::free(p, owner_tag(p));
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_EQ(fake->counters().discard_calls, 0u);
+    EXPECT_EQ(backend_counters(BackendId::unified).driver_failures.load(), 0u);
+    arena::free(kept, owner_tag(kept));
+  });
+}
+
 bool all_zero(const void* p, std::size_t n) {
   const auto* b = static_cast<const unsigned char*>(p);
   for (std::size_t i = 0; i < n; i += 4093) {
@@ -678,6 +759,70 @@ TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
     EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
     for (std::size_t i = 0; i < 8 * kMiB; i += 4096) ASSERT_EQ(data[i], (unsigned char)(i * 7));
     arena::free(data, owner_tag(data));
+  });
+}
+
+// From here on, madvise(MADV_DONTFORK) fails with EINVAL in this process (a
+// seccomp filter), as on a kernel that refuses it for a mapping.
+bool refuse_dont_fork() {
+  struct sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_madvise, 0, 3),
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args[2])),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, MADV_DONTFORK, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EINVAL & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  struct sock_fprog prog = {static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         syscall(__NR_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
+}
+
+// Pinned memory a forked child would share (the nvidia module maps it
+// shared; the double does with FAKECUDA_PINNED_SHARED) where the kernel
+// refuses MADV_DONTFORK: neither a reservation nor the driver's memory is
+// used (a child would write into its parent's heap); the heap starts on
+// host memory and says why, and a forked child's writes stay its own.
+TEST(Arena, PinnedMemoryThatCannotBeKeptFromChildrenIsNotUsed) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_PINNED_SHARED", "1");
+    // valgrind implements no seccomp (its memcheck run of this file says
+    // so here; every other run checks this case).
+    const char* preload = std::getenv("LD_PRELOAD");
+    if (preload != nullptr && std::strstr(preload, "vgpreload") != nullptr) {
+      std::fprintf(stderr, "not run under valgrind: it has no seccomp\n");
+      std::exit(0);
+    }
+    ASSERT_TRUE(refuse_dont_fork());
+    void* page = mmap(nullptr, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_NE(page, MAP_FAILED);
+    EXPECT_NE(madvise(page, 4096, MADV_DONTFORK), 0) << "the filter is not in place";
+    munmap(page, 4096);
+    arena::StartReport report;
+    ASSERT_TRUE(start_arena(config(BackendId::pinned), &report));
+    EXPECT_EQ(report.active, BackendId::host);
+    EXPECT_NE(std::strstr(report.reason, "refused MADV_DONTFORK on pinned memory"), nullptr)
+        << report.reason;
+    auto* block = static_cast<int*>(arena::alloc(4096));
+    ASSERT_NE(block, nullptr);
+    EXPECT_EQ(owner_backend(owner_tag(block)), BackendId::host);
+    *block = 1;
+    arena::prepare_fork();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (!arena::child_after_fork()) _exit(10);
+      *block = 2;
+      _exit(*block == 2 ? 0 : 11);
+    }
+    arena::parent_after_fork();
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    EXPECT_EQ(*block, 1) << "the child wrote into its parent's heap";
+    arena::free(block, owner_tag(block));
   });
 }
 #endif  // !_WIN32

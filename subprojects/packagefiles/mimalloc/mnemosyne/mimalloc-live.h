@@ -80,14 +80,24 @@ void mnemosyne_mi_set_huge_limit(size_t bytes);
  * the driver frees managed memory only whole). mimalloc 2.0.9 never removes
  * an arena; these let the embedder retire one that no block is in use in,
  * give its memory back, and later put the arena's slot back to use over new
- * memory of the same size.
+ * memory of the same size; and discard what a free arena block of a kept
+ * arena held.
  *
  * The hook is called, from inside mimalloc's free path (it must not allocate,
- * lock or call a driver), each time a block freed leaves a committed arena
- * with no block in use. While a hook is set, segments of committed arenas
- * skip mimalloc's segment cache (which would keep their blocks in use). Set
- * once, before the first allocation. */
-void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start));
+ * lock or call a driver), each time arena blocks [block, block + size) of a
+ * committed arena are freed, with arena_unused 1 when the arena has no block
+ * in use any more. While a hook is set, segments of committed arenas skip
+ * mimalloc's segment cache (which would keep their blocks in use). Set once,
+ * before the first allocation. */
+void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start, void* block, size_t size,
+                                                   int arena_unused));
+
+/* Claims the one arena block (MI_SEGMENT_SIZE bytes) at `block` of a committed
+ * arena, if it is free: mimalloc hands it out to nobody, and the walks above
+ * skip it, until mnemosyne_mi_block_release. One block at a time. Returns 1
+ * when claimed, 0 when it is in use or no arena holds it. */
+int mnemosyne_mi_block_claim(void* block);
+void mnemosyne_mi_block_release(void* block);
 
 /* 1 when the committed arena that starts at arena_start has no block in use
  * right now, else 0. Takes no lock. */

@@ -26,9 +26,15 @@
 #include "arena.c"
 #undef _mi_arena_free
 
-/* Arena retirement (mimalloc-live.h): the embedder's hook, told when a
- * committed arena has no block in use any more. */
-static void (*mnemosyne_arena_free_hook)(void* arena_start);
+/* Arena retirement (mimalloc-live.h): the embedder's hook, told of every
+ * block freed in a committed arena, and whether the arena has none in use
+ * any more. */
+static void (*mnemosyne_arena_free_hook)(void* arena_start, void* block, size_t size,
+                                         int arena_unused);
+
+/* The arena block the embedder has claimed to discard its memory
+ * (mnemosyne_mi_block_claim), 0 when none: the walks skip it. */
+static _Atomic(uintptr_t) mnemosyne_discarding;
 
 /* The value a field of an arena's in-use bitmap holds when none of its blocks
  * is in use: the bits past the arena's end are claimed for good. */
@@ -47,23 +53,23 @@ static bool mnemosyne_arena_unused(mi_arena_t* arena) {
   return true;
 }
 
-/* Every arena free goes through here: arena.c's, then the hook when the block
- * freed was the last one in use in a committed arena (one that cannot
- * decommit: the embedder can only give it back whole). A free of a block, not
- * of a page or an object: it happens when a whole segment goes. */
+/* Every arena free goes through here: arena.c's, then, for a committed arena
+ * (one that cannot decommit: the embedder can only give it back whole, or
+ * discard what a free block held), the hook. A free of arena blocks, not of a
+ * page or an object: it happens when a whole segment goes. */
 void _mi_arena_free(void* p, size_t size, size_t alignment, size_t align_offset, size_t memid,
                     bool all_committed, mi_stats_t* stats) {
   mnemosyne_mi_arena_free_inner(p, size, alignment, align_offset, memid, all_committed, stats);
-  void (*hook)(void*) = mnemosyne_arena_free_hook;
+  void (*hook)(void*, void*, size_t, int) = mnemosyne_arena_free_hook;
   if (hook == NULL || p == NULL || size == 0 || memid == MI_MEMID_OS) return;
   size_t arena_idx;
   size_t bitmap_idx;
   mi_arena_memid_indices(memid, &arena_idx, &bitmap_idx);
   if (arena_idx >= MI_MAX_ARENAS) return;
   mi_arena_t* arena = mi_atomic_load_ptr_relaxed(mi_arena_t, &mi_arenas[arena_idx]);
-  if (arena == NULL || arena->blocks_committed != NULL || !mnemosyne_arena_unused(arena)) return;
+  if (arena == NULL || arena->blocks_committed != NULL) return;
   uint8_t* start = mi_atomic_load_ptr_relaxed(uint8_t, &arena->start);
-  if (start != NULL) hook(start);
+  if (start != NULL) hook(start, p, size, mnemosyne_arena_unused(arena) ? 1 : 0);
 }
 
 #define _mi_segment_cache_push mnemosyne_mi_segment_cache_push_inner
@@ -241,8 +247,16 @@ static int mnemosyne_arena_walk(const void* arena_start, mnemosyne_walk_t* walk)
     if (start != (const uint8_t*)arena_start) continue;
     const size_t blocks = arena->block_count;
     for (size_t b = 0; b < blocks;) {
-      const size_t field = mi_atomic_load_relaxed(&arena->blocks_inuse[b / MI_BITMAP_FIELD_BITS]);
-      if ((field & ((size_t)1 << (b % MI_BITMAP_FIELD_BITS))) == 0) {
+      /* Sequentially consistent, as the claim below and the embedder's count
+       * of walks in progress are (a claim made after a walk began waits for
+       * it). */
+      const size_t field = atomic_load(&arena->blocks_inuse[b / MI_BITMAP_FIELD_BITS]);
+      /* A block the embedder claimed to discard holds nothing (and its
+       * memory may be changing): skipped. Claimed after the marker is set,
+       * so a bit set by the claim is seen with the marker. */
+      if ((field & ((size_t)1 << (b % MI_BITMAP_FIELD_BITS))) == 0 ||
+          mi_atomic_load_acquire(&mnemosyne_discarding) ==
+              (uintptr_t)(start + b * MI_ARENA_BLOCK_SIZE)) {
         b++;
         continue;
       }
@@ -286,8 +300,52 @@ void mnemosyne_mi_fork_child(void) {
   mi_atomic_store_relaxed(&abandoned_readers, (size_t)0);
 }
 
-void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start)) {
+void mnemosyne_mi_set_arena_free_hook(void (*hook)(void* arena_start, void* block, size_t size,
+                                                    int arena_unused)) {
   mnemosyne_arena_free_hook = hook;
+}
+
+/* The committed arena that holds the arena block at `block`, and the block's
+ * bit in it; NULL when there is none. */
+static mi_arena_t* mnemosyne_block_arena(const void* block, size_t* field, size_t* mask) {
+  const size_t count = mi_atomic_load_acquire(&mi_arena_count);
+  for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
+    mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
+    if (arena == NULL || arena->blocks_committed != NULL) continue;
+    const uint8_t* start = mi_atomic_load_ptr_relaxed(uint8_t, &arena->start);
+    const uint8_t* b = (const uint8_t*)block;
+    if (start == NULL || b < start || b >= start + arena->block_count * MI_ARENA_BLOCK_SIZE) continue;
+    const size_t idx = (size_t)(b - start) / MI_ARENA_BLOCK_SIZE;
+    if ((size_t)(b - start) % MI_ARENA_BLOCK_SIZE != 0) return NULL;
+    *field = idx / MI_BITMAP_FIELD_BITS;
+    *mask = (size_t)1 << (idx % MI_BITMAP_FIELD_BITS);
+    return arena;
+  }
+  return NULL;
+}
+
+int mnemosyne_mi_block_claim(void* block) {
+  size_t field;
+  size_t mask;
+  mi_arena_t* arena = mnemosyne_block_arena(block, &field, &mask);
+  if (arena == NULL) return 0;
+  mi_atomic_store_release(&mnemosyne_discarding, (uintptr_t)block);
+  size_t expected = mi_atomic_load_relaxed(&arena->blocks_inuse[field]);
+  do {
+    if ((expected & mask) != 0) {
+      mi_atomic_store_release(&mnemosyne_discarding, (uintptr_t)0);
+      return 0;
+    }
+  } while (!atomic_compare_exchange_weak(&arena->blocks_inuse[field], &expected, expected | mask));
+  return 1;
+}
+
+void mnemosyne_mi_block_release(void* block) {
+  size_t field;
+  size_t mask;
+  mi_arena_t* arena = mnemosyne_block_arena(block, &field, &mask);
+  if (arena != NULL) mi_atomic_and_acq_rel(&arena->blocks_inuse[field], ~mask);
+  mi_atomic_store_release(&mnemosyne_discarding, (uintptr_t)0);
 }
 
 int mnemosyne_mi_arena_unused(const void* arena_start) {
