@@ -95,6 +95,10 @@ try:
     expect(m and int(m.group(1)) >= 2048 and int(m.group(2)) < int(m.group(1)) // 10
            and int(m.group(4)) < int(m.group(3)) // 10,
            "the give-back row shows unused managed arenas returned", report)
+    m = re.search(r"are discarded\): (\d+) MiB of arenas at the peak, (\d+) MiB kept 3 s after the "
+                  r"frees \(resident: (\d+) MiB, then (\d+) MiB\)", report)
+    expect(m and int(m.group(1)) >= 2048 and int(m.group(4)) < int(m.group(3)) // 10,
+           "the discard row shows free blocks of kept arenas dropped", report)
     section = report.split("## 6. malloc/free throughput", 1)[-1].split("\n## ", 1)[0]
     rates = {l.split("|")[1].strip(): l for l in section.splitlines()
              if re.fullmatch(r"\| \w+ \| .* \| .* \|", l) and not l.startswith("| heap")}
