@@ -348,41 +348,45 @@ void mnemosyne_mi_block_release(void* block) {
   mi_atomic_store_release(&mnemosyne_discarding, (uintptr_t)0);
 }
 
-int mnemosyne_mi_arena_unused(const void* arena_start) {
-  if (arena_start == NULL) return 0;
+/* The committed arena that starts at arena_start, and its slot; NULL when
+ * there is none. */
+static mi_arena_t* mnemosyne_committed_arena_at(const void* arena_start, size_t* slot) {
+  if (arena_start == NULL) return NULL;
   const size_t count = mi_atomic_load_acquire(&mi_arena_count);
   for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
     mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
     if (arena == NULL || arena->blocks_committed != NULL) continue;
     if (mi_atomic_load_ptr_relaxed(uint8_t, &arena->start) != (const uint8_t*)arena_start) continue;
-    return mnemosyne_arena_unused(arena) ? 1 : 0;
+    *slot = a;
+    return arena;
   }
-  return 0;
+  return NULL;
+}
+
+int mnemosyne_mi_arena_unused(const void* arena_start) {
+  size_t slot;
+  mi_arena_t* arena = mnemosyne_committed_arena_at(arena_start, &slot);
+  return arena != NULL && mnemosyne_arena_unused(arena) ? 1 : 0;
 }
 
 int mnemosyne_mi_arena_retire(const void* arena_start) {
-  if (arena_start == NULL) return 0;
-  const size_t count = mi_atomic_load_acquire(&mi_arena_count);
-  for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
-    mi_arena_t* arena = mi_atomic_load_ptr_acquire(mi_arena_t, &mi_arenas[a]);
-    if (arena == NULL || arena->blocks_committed != NULL) continue;
-    if (mi_atomic_load_ptr_relaxed(uint8_t, &arena->start) != (const uint8_t*)arena_start) continue;
-    /* Claims every block, field by field, where none is in use; a field in
-     * use undoes the claims made so far (nobody else can have changed a
-     * field this claimed whole). */
-    for (size_t f = 0; f < arena->field_count; f++) {
-      size_t expected = mnemosyne_field_unused(arena, f);
-      if (!mi_atomic_cas_strong_acq_rel(&arena->blocks_inuse[f], &expected, MI_BITMAP_FIELD_FULL)) {
-        while (f-- > 0) {
-          mi_atomic_store_release(&arena->blocks_inuse[f], mnemosyne_field_unused(arena, f));
-        }
-        return 0;
+  size_t slot;
+  mi_arena_t* arena = mnemosyne_committed_arena_at(arena_start, &slot);
+  if (arena == NULL) return 0;
+  /* Claims every block, field by field, where none is in use; a field in use
+   * undoes the claims made so far (nobody else can have changed a field this
+   * claimed whole). */
+  for (size_t f = 0; f < arena->field_count; f++) {
+    size_t expected = mnemosyne_field_unused(arena, f);
+    if (!mi_atomic_cas_strong_acq_rel(&arena->blocks_inuse[f], &expected, MI_BITMAP_FIELD_FULL)) {
+      while (f-- > 0) {
+        mi_atomic_store_release(&arena->blocks_inuse[f], mnemosyne_field_unused(arena, f));
       }
+      return 0;
     }
-    mi_atomic_store_ptr_release(uint8_t, &arena->start, NULL);
-    return (int)a + 1;
   }
-  return 0;
+  mi_atomic_store_ptr_release(uint8_t, &arena->start, NULL);
+  return (int)slot + 1;
 }
 
 int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero) {
