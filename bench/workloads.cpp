@@ -332,6 +332,9 @@ int main(int argc, char** argv) {
   const std::string name = argv[1];
   const double scale = argc > 2 ? std::atof(argv[2]) : 1.0;
   std::uint64_t sum;
+  // The workload alone, start-up (a driver's cuInit, ~0.2 s) excluded: for
+  // scripts/gpu-check.sh's throughput table.
+  const auto started = std::chrono::steady_clock::now();
   if (name == "churn") {
     sum = churn(scale);
   } else if (name == "larson") {
@@ -362,6 +365,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "workloads: unknown workload %s\n", name.c_str());
     return 2;
   }
+  const std::chrono::duration<double, std::milli> work = std::chrono::steady_clock::now() - started;
+  std::fprintf(stderr, "work_ms=%.3f\n", work.count());
   std::printf("%s ok %llu\n", name.c_str(), static_cast<unsigned long long>(sum));
   return 0;
 }
