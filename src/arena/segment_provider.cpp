@@ -131,6 +131,16 @@ bool backend_commits_on_demand(BackendId backend) noexcept {
   return with_backend(backend, []<MemoryBackend B>() { return B::commits_on_demand; });
 }
 
+bool backend_defers_release(BackendId backend) noexcept {
+  return with_backend(backend, []<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      return B::defers_release;
+    } else {
+      return false;
+    }
+  });
+}
+
 void clear_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
   with_backend(backend, [&]<MemoryBackend B>() { B::clear(ptr, size); });
 }

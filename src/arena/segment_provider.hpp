@@ -55,6 +55,9 @@ bool backend_fresh_zero(BackendId backend) noexcept;
 // Whether `backend` gives reservations (memory backed, and given back,
 // where mimalloc commits and decommits it).
 bool backend_commits_on_demand(BackendId backend) noexcept;
+// Whether the backend's decommit only marks memory unused and gives it back
+// after a delay of its own (MemoryBackend's defers_release).
+bool backend_defers_release(BackendId backend) noexcept;
 
 // Sets `size` bytes at `ptr`, memory of `backend`, to zero the way that
 // backend clears it (the device for managed memory, the CPU otherwise).

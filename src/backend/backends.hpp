@@ -101,6 +101,9 @@ struct CudaHostPinned : CpuMemory {
   static constexpr const char* kName = "pinned";
   static constexpr bool inherited_by_fork = false;
   static constexpr bool commits_on_demand = true;
+  // decommit() marks chunks; the give-back thread unregisters a granule
+  // unused for a pass (pinned_granules.cpp).
+  static constexpr bool defers_release = true;
   // The unit of registration: a granule is locked while any part of it is
   // committed.
   static constexpr std::size_t kGranule = std::size_t{1} << 20;
@@ -129,6 +132,9 @@ struct Host : CpuMemory {
   // decommit hands the pages back (Os::discard_pages), as mimalloc does with
   // its own OS memory.
   static constexpr bool commits_on_demand = true;
+  // decommit() is a system call, as with mimalloc's own memory: mimalloc's
+  // delay batches them.
+  static constexpr bool defers_release = false;
   // Anonymous mmap (and VirtualAlloc) memory is documented zero-filled.
   static bool fresh_memory_zero() noexcept { return true; }
   static void* allocate(std::size_t size) noexcept;

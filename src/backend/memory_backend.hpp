@@ -53,9 +53,13 @@ bool > &&
             // release() gives back the whole reservation, start_give_back()
             // starts what returns unused parts of reservations (outside the
             // allocator and its locks). The arena lets mimalloc's commits
-            // decide (mimalloc-os-hooks.patch).
+            // decide (mimalloc-os-hooks.patch). defers_release: decommit()
+            // only marks, and the backend gives memory back after a delay
+            // of its own (mimalloc's delay before it decommits is then
+            // dropped, arena.cpp).
             std::same_as<std::remove_cv_t<decltype(B::commits_on_demand)>, bool> &&
     (!B::commits_on_demand || requires(std::size_t size, void* ptr) {
+      { B::defers_release } -> std::same_as<const bool&>;
       { B::reserve(size) }
       noexcept->std::same_as<void*>;
       { B::commit(ptr, size, true) }
