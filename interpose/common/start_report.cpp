@@ -24,7 +24,7 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: BACKEND=%s DEVICE=%d%s SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu%s "
-                "FALLBACK=%s CONTEXT=%s ZEROED=%s",
+                "FALLBACK=%s CONTEXT=%s ZEROED=%s PIN=%s",
                 backend_name(o.backend), device, o.device_local_rank ? " (local-rank)" : "",
                 o.size_min, o.size_max, o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
                 o.limit == 0 ? " (none)" : "",
@@ -32,7 +32,8 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
                 o.context == config::Context::own ? "own" : "primary",
                 o.zeroed == config::Zeroed::yes  ? "yes"
                 : o.zeroed == config::Zeroed::no ? "no"
-                                                 : "auto");
+                                                 : "auto",
+                o.pin == config::Pin::granule ? "granule" : "arena");
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
@@ -124,6 +125,7 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
   cfg.zeroed = o.zeroed == config::Zeroed::yes  ? arena::Zeroed::yes
                : o.zeroed == config::Zeroed::no ? arena::Zeroed::no
                                                 : arena::Zeroed::automatic;
+  cfg.pin_granules = o.pin == config::Pin::granule;
   cfg.host = platform.host;
   cfg.warn = platform.warn;
 

@@ -125,18 +125,31 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
 
 bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 
+// Whether arenas of `backend` are reservations, backed where mimalloc
+// commits (host; pinned under MNEMOSYNE_PIN=granule), rather than memory
+// the backend commits whole (managed memory; pinned by default). A
+// registration is one range to the driver, which refuses cuMemcpy* of a
+// block spanning two (CUDA_ERROR_INVALID_VALUE, measured on an H200 with
+// 1 MiB granules: scripts/gpu-check.sh, "pinned copies"): pinned arenas are
+// locked whole unless the user trades that for the smaller footprint.
+bool arenas_reserve(BackendId backend) noexcept {
+  if (backend == BackendId::pinned && !g_state.cfg.pin_granules) return false;
+  return backend_commits_on_demand(backend);
+}
+
 // Memory of the size of a retired arena (retire.cpp), from a backend whose
 // arenas are committed, put in place of that arena; the caller holds
 // grow_lock and has entered nothing yet. False when none fits or the backend
 // refused: the caller adds an arena as usual.
 bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
                          Segment* out) noexcept {
-  if (g_state.retired_count == 0 || backend_commits_on_demand(backend)) return false;
+  if (g_state.retired_count == 0 || arenas_reserve(backend)) return false;
   std::size_t size = 0;
   const int slot = pick_retired_locked(need, want, &size);
   if (slot == 0 || !within_limit(backend, size + kSegmentAlign)) return false;
   Segment seg;
-  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/true, &seg)) return false;
+  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg))
+    return false;
   if (seg.on_demand || seg.size != size || !g_state.table.add(seg, /*dedicated=*/false)) {
     release_segment(seg);
     return false;
@@ -179,10 +192,11 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // A backend that refuses the geometric size may still have room for a
   // smaller arena (managed memory near the device's capacity, pinned memory
   // under the locked-memory limit): halve down to what the request needs.
-  bool got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/true, &seg);
+  bool got =
+      acquire_segment(backend, want, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg);
   while (!got && want > need) {
     want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
-    got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/true, &seg);
+    got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg);
   }
   if (!got) {
     describe_refusal(backend, want, why, why_len);
@@ -225,10 +239,12 @@ bool arena_added_locked(BackendId backend, const Segment& seg) noexcept {
   if (g_state.first_arena.load(std::memory_order_relaxed) == nullptr) {
     g_state.first_arena.store(seg.start, std::memory_order_relaxed);
   }
-  // By backend, not by arena: pinned arenas from cuMemHostAlloc (where the
-  // driver would not register memory) are not given back either, but a
-  // block of their own would lock up to 32 MiB of alignment slack.
-  const bool gives_back = backend_commits_on_demand(backend);
+  // By backend, not by arena: under MNEMOSYNE_PIN=granule, pinned arenas
+  // from cuMemHostAlloc (where the driver would not register memory) are
+  // not given back either, but a block of their own would lock up to 32 MiB
+  // of alignment slack. Arenas committed whole give huge blocks their own
+  // driver allocation, freed with them (pinned: slack locked included).
+  const bool gives_back = arenas_reserve(backend);
   g_state.dedicated_threshold.store(gives_back ? kDedicatedLargest : kDedicatedHuge,
                                     std::memory_order_relaxed);
   mnemosyne_mi_set_huge_limit(gives_back ? 0 : kDedicatedHuge);
@@ -389,6 +405,18 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   // delay of its own, pinned_granules.cpp), for committed arenas it does
   // nothing.
   mi_option_set(mi_option_segment_decommit_delay, 0);
+  // mimalloc decommits a freed span once decommit_delay (25 ms) has passed,
+  // and only when a later free or allocation touches the same segment: a
+  // program that frees its working set in one burst, then stops allocating,
+  // keeps the last spans of each segment committed. Where a decommit costs
+  // no system call and the backend waits before giving memory back anyway
+  // (pinned: marked chunks, a granule unregistered a pass later), the delay
+  // only strands memory. Measured on an H200 (scripts/gpu-check.sh: python3
+  // frees 2 GiB of 1 MiB blocks): with it 823 MiB stayed page-locked 3 s
+  // later, 287 MiB after 6 s; without it 88 MiB after 1 s.
+  if (arenas_reserve(cfg.backend) && backend_defers_release(cfg.backend)) {
+    mi_option_set(mi_option_decommit_delay, 0);
+  }
   mnemosyne_mi_set_huge_clear(&clear_huge_block);
   mnemosyne_mi_set_os_hook(&os_hook);
   install_retire_hook();

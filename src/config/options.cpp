@@ -24,6 +24,7 @@ enum Row : std::size_t {
   kFallback,
   kContext,
   kZeroed,
+  kPin,
   kVerbose,
   kShowStats,
   kStatsFile,
@@ -72,6 +73,12 @@ constexpr OptionInfo kTable[kRowCount] = {
      "managed: no, as the driver documents), yes or no. Where it is not zero, mnemosyne clears "
      "what must be zero itself; yes on a driver that does not zero crashes the process.",
      "MNEMOSYNE_ZEROED=no"},
+    {"PIN", Type::choice, "arena",
+     "What the pinned backend page-locks: arena (each arena whole, as cuMemHostAlloc does: the "
+     "driver copies any block with cuMemcpy) or granule (only the 1 MiB granules in use, given "
+     "back when unused; kernels reach every block, but the driver refuses cuMemcpy of a block "
+     "that spans two granules, CUDA_ERROR_INVALID_VALUE).",
+     "MNEMOSYNE_PIN=granule"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -114,7 +121,7 @@ constexpr bool row_is(Row row, const char* name) {
 static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is(kSize, "SIZE") &&
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
               row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
-              row_is(kZeroed, "ZEROED") && row_is(kVerbose, "VERBOSE") &&
+              row_is(kZeroed, "ZEROED") && row_is(kPin, "PIN") && row_is(kVerbose, "VERBOSE") &&
               row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
               row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
               row_is(kExclude, "EXCLUDE") && row_is(kWarned, "WARNED") &&
@@ -351,6 +358,17 @@ void Reader::apply(Row row, const Entry& e) noexcept {
         o.zeroed = Zeroed::no;
       } else {
         invalid(row, e, "auto, yes or no");
+      }
+      return;
+    }
+    case kPin: {
+      const std::size_t len = detail::length(e.value);
+      if (equals_ci(e.value, len, "arena")) {
+        o.pin = Pin::arena;
+      } else if (equals_ci(e.value, len, "granule")) {
+        o.pin = Pin::granule;
+      } else {
+        invalid(row, e, "arena or granule");
       }
       return;
     }

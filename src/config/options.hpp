@@ -16,6 +16,7 @@ namespace mnemosyne::config {
 enum class Fallback : std::uint8_t { host, fail };
 enum class Context : std::uint8_t { primary, own };
 enum class Zeroed : std::uint8_t { automatic, yes, no };
+enum class Pin : std::uint8_t { arena, granule };
 
 struct Options {
   bool disable = false;                    // DISABLE
@@ -31,6 +32,7 @@ struct Options {
   Fallback fallback = Fallback::host;              // FALLBACK
   Context context = Context::primary;              // CONTEXT
   Zeroed zeroed = Zeroed::automatic;               // ZEROED
+  Pin pin = Pin::arena;                            // PIN
   bool verbose = false;                            // VERBOSE
   bool show_stats = false;                         // SHOW_STATS
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced

@@ -515,7 +515,40 @@ TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
   }
 }
 
-// Pinned arenas are reservations: only what mimalloc commits is
+// By default (MNEMOSYNE_PIN=arena) each pinned arena is one cuMemHostAlloc
+// allocation, locked whole: a block never spans two driver allocations,
+// and the driver copies any block (on an H200 it refuses cuMemcpy* of a
+// block spanning two registrations: scripts/gpu-check.sh, "pinned copies").
+// Blocks above 16 MiB are driver allocations of their own, freed with them.
+TEST(Arena, PinnedArenasAreLockedWholeByDefault) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::pinned)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    void* small = arena::alloc(64);
+    void* large = arena::alloc(3 * kMiB);
+    ASSERT_NE(small, nullptr);
+    ASSERT_NE(large, nullptr);
+    for (void* p : {small, large}) {
+      EXPECT_EQ(owner_tag(p) & kOwnerOnDemand, 0);
+      EXPECT_EQ(fake->owns(p), 2);
+    }
+    fakecuda_counters fc = fake->counters();
+    EXPECT_EQ(fc.register_calls, 0u) << "pinned memory was registered in granules";
+    EXPECT_GE(fc.alloc_host, 1u);
+    const std::uint64_t allocs = fc.alloc_host;
+    void* huge = arena::alloc(40 * kMiB);
+    ASSERT_NE(huge, nullptr);
+    EXPECT_NE(owner_tag(huge) & kOwnerDedicated, 0) << "a huge block in an arena";
+    EXPECT_EQ(fake->counters().alloc_host, allocs + 1);
+    release(huge);
+    EXPECT_EQ(fake->owns(huge), 0) << "a freed huge block stayed locked";
+    release(large);
+    release(small);
+  });
+}
+
+// Under MNEMOSYNE_PIN=granule pinned arenas are reservations: only what mimalloc commits is
 // page-locked (registered with the driver, 1 MiB granules), so 64 threads
 // holding 64 bytes each lock about 1 MiB each, not a 32 MiB segment each;
 // every block lies in registered memory; memory that reads zero needs no
@@ -524,7 +557,9 @@ TEST(Arena, DirtyDriverMemoryStillGivesZeroedBlocks) {
 TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
   IN_FRESH_PROCESS({
     test::set_env("FAKECUDA_DIRTY", "1");  // reservations are ours: never dirty
-    ASSERT_TRUE(start_arena(config(BackendId::pinned)));
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;  // MNEMOSYNE_PIN=granule
+    ASSERT_TRUE(start_arena(cfg));
     constexpr int kThreads = 64;
     void* blocks[kThreads] = {};
     std::vector<std::thread> threads;
@@ -569,7 +604,9 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
 TEST(Arena, PinnedArenasAreTheDriversWhereRegisteredMemoryMovesAddress) {
   IN_FRESH_PROCESS({
     test::set_env("FAKECUDA_HOST_POINTER_REGISTERED", "0");
-    ASSERT_TRUE(start_arena(config(BackendId::pinned)));
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;
+    ASSERT_TRUE(start_arena(cfg));
     void* p = arena::alloc(64);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(owner_tag(p) & kOwnerOnDemand, 0);

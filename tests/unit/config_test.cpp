@@ -241,21 +241,14 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},
-      {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range},
-      {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},
-      {"FALLBACK", Type::choice},
-      {"CONTEXT", Type::choice},
-      {"ZEROED", Type::choice},
-      {"VERBOSE", Type::boolean},
-      {"SHOW_STATS", Type::boolean},
-      {"STATS_FILE", Type::path},
-      {"CUDA_DRIVER", Type::path},
-      {"PROGRAMS", Type::program_list},
-      {"EXCLUDE", Type::program_list},
-      {"WARNED", Type::word},
+      {"BACKEND", Type::choice},       {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},      {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},           {"FALLBACK", Type::choice},
+      {"CONTEXT", Type::choice},       {"ZEROED", Type::choice},
+      {"PIN", Type::choice},           {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean},   {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},     {"PROGRAMS", Type::program_list},
+      {"EXCLUDE", Type::program_list}, {"WARNED", Type::word},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -512,6 +505,17 @@ TEST(ConfigRead, ZeroedChoices) {
   ASSERT_EQ(g_lines.size(), 1u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: MNEMOSYNE_ZEROED=maybe is not auto, yes or no; using the default (auto)");
+}
+
+TEST(ConfigRead, PinChoices) {
+  EXPECT_EQ(read({}).pin, Pin::arena);
+  EXPECT_EQ(read({"MNEMOSYNE_PIN=arena"}).pin, Pin::arena);
+  EXPECT_EQ(read({"MNEMOSYNE_PIN=Granule"}).pin, Pin::granule);
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_EQ(read({"MNEMOSYNE_PIN=page"}).pin, Pin::arena);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_EQ(g_lines[0],
+            "mnemosyne: MNEMOSYNE_PIN=page is not arena or granule; using the default (arena)");
 }
 
 TEST(ConfigRead, EmptyBooleanMeansOn) {
@@ -772,7 +776,7 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   ASSERT_EQ(g_lines.size(), 4u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
-            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, VERBOSE, SHOW_STATS, "
+            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, PIN, VERBOSE, SHOW_STATS, "
             "STATS_FILE, "
             "CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
