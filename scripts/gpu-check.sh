@@ -87,7 +87,8 @@ field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
 
 # run_step NAME LIMIT_S HEAP CMD...: runs CMD without mnemosyne (HEAP none)
 # or under it with that backend (BACKEND+own: in mnemosyne's own context,
-# MNEMOSYNE_CONTEXT=own); output to logs/NAME.log; prints the status.
+# MNEMOSYNE_CONTEXT=own; pinned+granule: MNEMOSYNE_PIN=granule); output to
+# logs/NAME.log; prints the status.
 run_step() {
   local name=$1 limit=$2 heap=$3
   shift 3
@@ -96,10 +97,11 @@ run_step() {
     # The double's own thread would re-enter it through the naive malloc.
     with=(env LD_PRELOAD="$naive" MNEMOSYNE_CUDA_DRIVER="$driver" FAKECUDA_THREAD_ITERS=0)
   elif [ "$heap" != none ]; then
-    local context=primary
+    local context=primary pin=arena
     [ "${heap%+own}" != "$heap" ] && context=own
-    with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="${heap%+own}" MNEMOSYNE_CONTEXT="$context"
-          MNEMOSYNE_CUDA_DRIVER="$driver")
+    [ "${heap%+granule}" != "$heap" ] && pin=granule
+    with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="${heap%+*}" MNEMOSYNE_CONTEXT="$context"
+          MNEMOSYNE_PIN="$pin" MNEMOSYNE_CUDA_DRIVER="$driver")
   fi
   timeout --kill-after=5 "$limit" "${with[@]}" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
@@ -153,7 +155,15 @@ if command -v nvidia-smi >/dev/null; then
 fi
 say "- binaries: $lib, $probe"
 say ""
-python=$(command -v /usr/bin/python3 || command -v python3 || true)
+# GPU_CHECK_PYTHON, else the first python3 that has NumPy (the demo's and a
+# row's), else any: a GPU image's python3 with NumPy is often not /usr/bin's.
+python=${GPU_CHECK_PYTHON:-}
+if [ -z "$python" ]; then
+  for candidate in $(command -v python3) /usr/bin/python3; do
+    "$candidate" -c 'import numpy' >/dev/null 2>&1 && { python=$candidate; break; }
+  done
+fi
+[ -n "$python" ] || python=$(command -v python3 || command -v /usr/bin/python3 || true)
 
 if [ -n "$launcher" ]; then
   run_step info 60 none "$launcher" info >/dev/null
@@ -184,7 +194,7 @@ say "No cudaMalloc, no copy: the kernel adds 7 to 4 MiB of ints in place."
 say ""
 say "| heap | malloc | new | std::vector | memory |"
 say "|---|---|---|---|---|"
-for backend in none unified device pinned unified+own; do
+for backend in none unified device pinned pinned+granule unified+own; do
   row="| ${backend/none/without mnemosyne} |"
   memory=""
   for kind in malloc new vector; do
@@ -205,6 +215,30 @@ pageable=$(field pageable_memory_access <"$logs/kernel-none-malloc.log")
 say ""
 say "CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = ${pageable:-?} (1: the GPU reaches any host memory, so the run without mnemosyne works too)."
 say "unified+own: the heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own), the kernel in the primary one."
+say "pinned+granule: MNEMOSYNE_PIN=granule, the heap registered 1 MiB at a time (a block spans registrations)."
+say ""
+# What cudaMemcpy (and torch's .cuda()) does with a program's buffers. The
+# driver copies a block only from one of its allocations or registrations:
+# under MNEMOSYNE_PIN=granule (1 MiB registrations) it refused blocks that
+# span two on an H200 (CUDA_ERROR_INVALID_VALUE), the reason pinned arenas
+# are locked whole by default.
+say "Driver copies of malloc'd blocks: out to memory of the probe's own (cuMemcpyDtoH at the block's"
+say "address), then to the device and back (cuMemcpyHtoD, cuMemcpyDtoH); ok: the bytes arrived."
+say ""
+say "| heap | 64 KiB | 900 KiB | 3 MiB | 64 MiB |"
+say "|---|---|---|---|---|"
+for heap in unified device pinned pinned+granule; do
+  status=$(run_step "copy-$heap" 60 "$heap" "$probe" copy)
+  row="| $heap |"
+  while read -r line; do
+    out=$(echo "$line" | field copy_out) dev=$(echo "$line" | field device)
+    [ "$(echo "$line" | field copy_out_ok)" = 1 ] && out=ok
+    [ "$(echo "$line" | field device_ok)" = 1 ] && dev=ok
+    row="$row $out / $dev |"
+  done < <(grep '^copy ' "$logs/copy-$heap.log")
+  grep -q '^copy ' "$logs/copy-$heap.log" || row="$row $status | | | |"
+  say "$row"
+done
 say ""
 
 # ---------------------------------------------------------------- 2. attributes
@@ -242,14 +276,23 @@ say "|---|---|---|---|"
 log_rows "$logs/costs.log" alloc-cost size managed_ms advise_ms pinned_ms
 say ""
 line=$(grep '^register-cost' "$logs/costs.log")
-say "The pinned backend's arenas are anonymous memory (MADV_DONTFORK) registered 1 MiB at a time as"
-say "mimalloc commits it, where the device reaches registered memory at its host address (1 below);"
-say "a kernel across neighbouring registrations is the \`pinned\` row of section 1."
+say "Under MNEMOSYNE_PIN=granule the pinned backend's arenas are anonymous memory (MADV_DONTFORK)"
+say "registered 1 MiB at a time as mimalloc commits it, where the device reaches registered memory at"
+say "its host address (1 below); a kernel across neighbouring registrations is the \`pinned+granule\`"
+say "row of section 1."
 say ""
 say "- CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM: $(echo "$line" | field host_pointer);" \
     "MADV_DONTFORK on the memory: $(echo "$line" | field dontfork)"
 say "- cuMemHostRegister of 1 MiB: $(echo "$line" | field register_ms) ms;" \
     "cuMemHostUnregister: $(echo "$line" | field unregister_ms) ms (median of 20; last: $(echo "$line" | field last))"
+# The virtual-memory route for host memory (CUDA 12.2+): granules of
+# host-located memory mapped side by side into one reserved range. Whether
+# the driver copies a block spanning two of them decides whether it could
+# replace one registration per granule (which it refuses to copy across).
+run_step vmm-host 60 none "$probe" vmm-host >/dev/null
+say "- The virtual-memory API with host-located memory (cuMemCreate, cuMemMap, cuMemSetAccess for the"
+say "  device and the host), 16 granules side by side; copy_spanning: 8 KiB across two granules:"
+grep '^vmm' "$logs/vmm-host.log" | while read -r line; do say "  - \`${line#vmm }\`"; done
 # A phase: 2 GiB held in blocks, all freed, 3 s of waiting. Pinned memory
 # goes back granule by granule; managed memory only as whole driver
 # allocations: blocks above 16 MiB are each one, smaller ones lie in arenas
@@ -274,7 +317,7 @@ del blocks
 time.sleep(3)
 print(f"give-back peak_mib={peak} after_mib={backed()} peak_rss_mib={peak_rss} after_rss_mib={resident()}")
 '
-run_step "give-back" 120 pinned python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
+run_step "give-back" 120 pinned+granule python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
 run_step "give-back-unified" 120 unified python3 -c "$give_back_py" unified $((64 << 20)) 32 >/dev/null
 # Arenas: a C program that keeps nothing across the phase (tests/e2e's
 # promise_probe), so that every arena but the first has no block in use.
@@ -288,7 +331,7 @@ done
 # (cuMemDiscardBatchAsync, CUDA 13), which the driver documents only as
 # "can also help reduce memory pressure": resident memory tells.
 run_step "give-back-discard" 120 unified python3 -c "$give_back_py" unified $((1 << 20)) 2048 >/dev/null
-say "- 2 GiB in 1 MiB blocks under \`pinned\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
+say "- 2 GiB in 1 MiB blocks under \`pinned\` with \`MNEMOSYNE_PIN=granule\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
     "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees" \
     "(resident: $(field peak_rss_mib <"$logs/give-back.log") MiB, then $(field after_rss_mib <"$logs/give-back.log") MiB)"
 say "- 2 GiB in 64 MiB blocks under \`unified\` (each a driver allocation of its own), all freed:" \
@@ -395,13 +438,14 @@ else
       name=${shape%:*} threads=${shape#*:} scale=1
       limit=120
       [ "$heap" = naive ] && { scale=0.01; limit=60; }
-      t0=$(date +%s%N)
       status=$(run_step "throughput-$heap-$name" "$limit" "$heap" "$workloads" "$name" "$scale")
-      t1=$(date +%s%N)
+      # The workload's own time (work_ms): the process's start, a driver's
+      # cuInit and context (~0.2 s) included, would dwarf 2 million pairs.
+      ms=$(field work_ms <"$logs/throughput-$heap-$name.log")
       rounds=$(awk -v s="$scale" 'BEGIN { print int(200 * s) + 1 }')
-      rate=$(awk -v r="$rounds" -v t="$threads" -v ns=$((t1 - t0)) \
-        'BEGIN { printf "%.2f", r * 10000 * t / (ns / 1e9) / 1e6 }')
-      if [ "$status" = "exit 0" ]; then row="$row $rate |"; else row="$row $status |"; fi
+      rate=$(awk -v r="$rounds" -v t="$threads" -v ms="${ms:-0}" \
+        'BEGIN { if (ms > 0) printf "%.2f", r * 10000 * t / (ms / 1e3) / 1e6 }')
+      if [ "$status" = "exit 0" ] && [ -n "$rate" ]; then row="$row $rate |"; else row="$row $status |"; fi
     done
     say "$row"
   done
@@ -417,12 +461,17 @@ for i in $(seq 1 300); do echo "int f$i(int x) { int a[$((i % 13 + 1))]; for (in
 say "| program | $(printf '%s | ' unified device pinned)"
 say "|---|---|---|---|"
 np_prog='import numpy as np; a = np.arange(1 << 20, dtype=np.int64).reshape(1024, 1024); b = a @ (a[:, :16] % 97); print(int(b.sum()), int(np.sort(a.ravel() * 7919 % 10007)[::4096].sum()), round(float(np.sqrt(a).sum()), 3))'
-for prog in python3 numpy gcc; do
+# PyTorch: a CPU tensor of 4 MiB to the device (cudaMemcpy from the heap),
+# a product there, a pinned copy, and NumPy over a tensor's memory.
+torch_prog='import torch; torch.manual_seed(0); a = torch.randn(2048, 2048, device="cuda"); b = (a @ a).sum().item(); c = torch.arange(1 << 20).float().cuda().sum().item(); d = torch.arange(1 << 20).float().pin_memory().cuda().sum().item(); print(round(b, 1), c, d, torch.zeros(1 << 20).numpy().sum())'
+for prog in python3 numpy gcc torch; do
   case $prog in
     python3) exe=$python; cmd=("$exe" -c "$py_prog") ;;
     numpy) exe=$python; cmd=("$exe" -c "$np_prog")
            [ -n "$exe" ] && ! "$exe" -c 'import numpy' >/dev/null 2>&1 && exe="" ;;
     gcc) exe=$(command -v gcc || true); cmd=("$exe" -O2 -S -o - "$c_src") ;;
+    torch) exe=$python; cmd=("$exe" -c "$torch_prog")
+           [ -n "$exe" ] && ! "$exe" -c 'import torch' >/dev/null 2>&1 && exe="" ;;
   esac
   if [ -z "$exe" ]; then say "| $prog | skipped: not installed | | |"; continue; fi
   want=$(env -u LD_PRELOAD "${cmd[@]}" 2>&1 | sha256sum)

@@ -33,6 +33,7 @@
 // "key=value" pairs for the script to read. Exit status: 0 when the probe
 // ran (whatever it found), 1 when it could not (no driver, cuInit failed).
 #include <dlfcn.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -82,10 +83,14 @@ struct Driver {
   CUresult (*host_register)(void*, size_t, unsigned);                    // _v2; optional
   CUresult (*host_unregister)(void*);                                    // optional
   CUresult (*ctx_reset)(CUdevice);                                       // optional
+  CUresult (*memcpy_dtoh)(void*, CUdeviceptr, size_t);                   // _v2
+  CUresult (*mem_alloc)(CUdeviceptr*, size_t);                           // _v2; optional
+  CUresult (*memcpy_htod)(CUdeviceptr, const void*, size_t);             // _v2; optional
 };
 
 Driver g_cu;
 CUdevice g_device = 0;
+void* g_lib = nullptr;  // the driver library, for entries resolved later
 
 template <typename Fn>
 bool resolve(void* lib, const char* name, Fn* out) {
@@ -112,6 +117,7 @@ bool open_driver() {
   const char* path = std::getenv("MNEMOSYNE_CUDA_DRIVER");
   if (path == nullptr || *path == '\0') path = "libcuda.so.1";
   void* lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+  g_lib = lib;
   if (lib == nullptr) {
     std::printf("probe error=no-driver path=%s\n", path);
     return false;
@@ -132,7 +138,11 @@ bool open_driver() {
             resolve(lib, "cuMemHostAlloc", &g_cu.alloc_host) &
             resolve(lib, "cuMemFreeHost", &g_cu.free_host) &
             resolve(lib, "cuGetErrorName", &g_cu.error_name) &
-            resolve(lib, "cuMemRangeGetAttribute", &g_cu.range_attribute);
+            resolve(lib, "cuMemRangeGetAttribute", &g_cu.range_attribute) &
+            resolve(lib, "cuMemcpyDtoH_v2", &g_cu.memcpy_dtoh);
+  // Device memory and host-to-device copies: the test double has neither.
+  g_cu.mem_alloc = reinterpret_cast<decltype(g_cu.mem_alloc)>(dlsym(lib, "cuMemAlloc_v2"));
+  g_cu.memcpy_htod = reinterpret_cast<decltype(g_cu.memcpy_htod)>(dlsym(lib, "cuMemcpyHtoD_v2"));
   // Drivers before CUDA 12.2 have only the CUdevice form of cuMemAdvise.
   g_cu.advise = reinterpret_cast<decltype(g_cu.advise)>(dlsym(lib, "cuMemAdvise_v2"));
   g_cu.ctx_reset =
@@ -558,6 +568,232 @@ int run_touch() {
   return 0;
 }
 
+// Driver copies of malloc'd blocks (what cudaMemcpy and torch's .cuda() do
+// with a program's buffers): each block is copied out by cuMemcpyDtoH (its
+// host address is its device address, UVA) into memory of the probe's own
+// (mmap, outside the heap) and, where the driver has device memory, to the
+// device and back (cuMemcpyHtoD, cuMemcpyDtoH). Sizes cross the 1 MiB
+// granules MNEMOSYNE_PIN=granule registers one by one: the driver refuses a
+// copy of a block spanning two registrations.
+int run_copy() {
+  if (!start_driver(nullptr, nullptr)) return 1;
+  for (const std::size_t size : {std::size_t{64} << 10, std::size_t{900} << 10,
+                                 std::size_t{3} << 20, std::size_t{64} << 20}) {
+    auto* block = static_cast<unsigned char*>(std::malloc(size));
+    void* out = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (block == nullptr || out == MAP_FAILED) return 1;
+    for (std::size_t i = 0; i < size; ++i) block[i] = static_cast<unsigned char>(i * 7 + 1);
+    const auto at = reinterpret_cast<std::uintptr_t>(block);
+    const bool spans = at >> 20 != (at + size - 1) >> 20;
+    CUresult rc = g_cu.memcpy_dtoh(out, at, size);
+    const bool out_ok = rc == CUDA_SUCCESS && std::memcmp(out, block, size) == 0;
+    const char* out_rc = name_of(rc);
+    const char* device_rc = "no-device-memory";
+    bool device_ok = false;
+    CUdeviceptr dev = 0;
+    if (g_cu.mem_alloc != nullptr && g_cu.memcpy_htod != nullptr &&
+        g_cu.mem_alloc(&dev, size) == CUDA_SUCCESS) {
+      std::memset(out, 0, size);
+      rc = g_cu.memcpy_htod(dev, block, size);
+      if (rc == CUDA_SUCCESS) rc = g_cu.memcpy_dtoh(out, dev, size);
+      device_rc = name_of(rc);
+      device_ok = rc == CUDA_SUCCESS && std::memcmp(out, block, size) == 0;
+      g_cu.mem_free(dev);
+    }
+    std::printf(
+        "copy size_kib=%zu spans_mib_boundary=%d copy_out=%s copy_out_ok=%d device=%s "
+        "device_ok=%d\n",
+        size >> 10, spans ? 1 : 0, out_rc, out_ok ? 1 : 0, device_rc, device_ok ? 1 : 0);
+    munmap(out, size);
+    std::free(block);
+  }
+  return 0;
+}
+
+// The driver's virtual-memory API with host-located memory (CUDA 12.2 and
+// later): the route MNEMOSYNE_PIN=granule could take instead of one
+// registration per granule. Granules are created (cuMemCreate, a host
+// location), mapped side by side into one reserved range and made
+// accessible to the device and the host (cuMemSetAccess). Reported per
+// location type: the granularity, what one granule costs, whether the CPU
+// and a kernel reach the range, whether the driver copies a block spanning
+// two granules, the mapping's smaps flags, what a forked child sees (and
+// whether its write reaches the parent), and whether MADV_DONTFORK applies.
+struct Vmm {
+  CUresult (*granularity)(size_t*, const CUmemAllocationProp*, CUmemAllocationGranularity_flags);
+  CUresult (*create)(CUmemGenericAllocationHandle*, size_t, const CUmemAllocationProp*,
+                     unsigned long long);
+  CUresult (*reserve)(CUdeviceptr*, size_t, size_t, CUdeviceptr, unsigned long long);
+  CUresult (*map)(CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long);
+  CUresult (*set_access)(CUdeviceptr, size_t, const CUmemAccessDesc*, size_t);
+  CUresult (*unmap)(CUdeviceptr, size_t);
+  CUresult (*release)(CUmemGenericAllocationHandle);
+  CUresult (*address_free)(CUdeviceptr, size_t);
+};
+
+sigjmp_buf g_fault_jump;
+void on_fault(int) {
+  siglongjmp(g_fault_jump, 1);
+}
+
+// Whether the CPU writes and reads back [p, p + count ints): ok,
+// wrong-data, or fault (SIGSEGV/SIGBUS caught).
+const char* cpu_access(volatile int* p, std::size_t count) {
+  struct sigaction sa {};
+  struct sigaction old_segv {};
+  struct sigaction old_bus {};
+  sa.sa_handler = on_fault;
+  sigaction(SIGSEGV, &sa, &old_segv);
+  sigaction(SIGBUS, &sa, &old_bus);
+  const char* result = "ok";
+  if (sigsetjmp(g_fault_jump, 1) == 0) {
+    for (std::size_t i = 0; i < count; i += 1024) p[i] = static_cast<int>(i);
+    for (std::size_t i = 0; i < count && result[0] == 'o'; i += 1024) {
+      if (p[i] != static_cast<int>(i)) result = "wrong-data";
+    }
+  } else {
+    result = "fault";
+  }
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  return result;
+}
+
+void vmm_location(const Vmm& v, CUfunction add, CUmemLocationType type, const char* name) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = type;
+  prop.location.id = 0;
+  std::size_t gmin = 0;
+  std::size_t grec = 0;
+  CUresult rc = v.granularity(&gmin, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+  v.granularity(&grec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+  if (rc != CUDA_SUCCESS || gmin == 0) {
+    std::printf("vmm location=%s granularity=%s\n", name, name_of(rc));
+    return;
+  }
+  constexpr int kGranules = 16;
+  CUdeviceptr base = 0;
+  if (rc = v.reserve(&base, kGranules * gmin, gmin, 0, 0); rc != CUDA_SUCCESS) {
+    std::printf("vmm location=%s granularity_min=%zu reserve=%s\n", name, gmin, name_of(rc));
+    return;
+  }
+  CUmemGenericAllocationHandle handles[kGranules] = {};
+  CUmemAccessDesc access[2] = {};
+  access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[0].location.id = g_device;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  access[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  access[1].location.id = 0;
+  access[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  std::vector<double> costs;
+  const char* failed = "none";
+  int mapped = 0;
+  int created = 0;
+  for (int i = 0; i < kGranules; ++i) {
+    const auto t = std::chrono::steady_clock::now();
+    const CUdeviceptr at = base + i * gmin;
+    if (rc = v.create(&handles[i], gmin, &prop, 0); rc != CUDA_SUCCESS) {
+      failed = "cuMemCreate";
+      break;
+    }
+    ++created;
+    if (rc = v.map(at, gmin, 0, handles[i], 0); rc != CUDA_SUCCESS) {
+      failed = "cuMemMap";
+      break;
+    }
+    ++mapped;
+    if (rc = v.set_access(at, gmin, access, 2); rc != CUDA_SUCCESS) {
+      failed = "cuMemSetAccess";
+      break;
+    }
+    costs.push_back(ms_since(t));
+  }
+  std::printf(
+      "vmm location=%s granularity_min=%zu granularity_recommended=%zu granule_ms=%s "
+      "granules=%zu failed=%s rc=%s\n",
+      name, gmin, grec, median_ms(costs).c_str(), costs.size(), failed, name_of(rc));
+  if (costs.size() >= 2) {
+    auto* p = reinterpret_cast<int*>(base);
+    const std::size_t bytes = costs.size() * gmin;
+    const unsigned count = static_cast<unsigned>(bytes / sizeof(int));
+    const char* cpu = cpu_access(p, count);
+    const char* kernel = "not-run";
+    const char* copy = "not-run";
+    const char* htod = "not-run";
+    const char* child = "not-run";
+    const char* child_write = "not-run";
+    int dontfork = -1;
+    std::string flags = smaps_flags(p);
+    if (std::strcmp(cpu, "ok") == 0) {
+      fill_index(p, count);
+      rc = add_on_gpu(add, p, count, 7);
+      kernel = rc != CUDA_SUCCESS              ? name_of(rc)
+               : holds_index_plus(p, count, 7) ? "ok"
+                                               : "wrong-data";
+      // 8 KiB across the first two granules' boundary.
+      const CUdeviceptr span = base + gmin - 4096;
+      void* out = mmap(nullptr, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      rc = g_cu.memcpy_dtoh(out, span, 8192);
+      copy = rc != CUDA_SUCCESS                                           ? name_of(rc)
+             : std::memcmp(out, reinterpret_cast<void*>(span), 8192) == 0 ? "ok"
+                                                                          : "wrong-data";
+      CUdeviceptr dev = 0;
+      if (g_cu.mem_alloc != nullptr && g_cu.memcpy_htod != nullptr &&
+          g_cu.mem_alloc(&dev, 8192) == CUDA_SUCCESS) {
+        std::memset(out, 0, 8192);
+        rc = g_cu.memcpy_htod(dev, reinterpret_cast<void*>(span), 8192);
+        if (rc == CUDA_SUCCESS) rc = g_cu.memcpy_dtoh(out, dev, 8192);
+        htod = rc != CUDA_SUCCESS                                           ? name_of(rc)
+               : std::memcmp(out, reinterpret_cast<void*>(span), 8192) == 0 ? "ok"
+                                                                            : "wrong-data";
+        g_cu.mem_free(dev);
+      }
+      munmap(out, 8192);
+      // A child reads the first int, then writes -1 there: does the parent see it?
+      p[0] = 12345;
+      const pid_t pid = fork();
+      if (pid == 0) {
+        if (p[0] != 12345) _exit(1);
+        p[0] = -1;
+        _exit(0);
+      }
+      int status = 0;
+      waitpid(pid, &status, 0);
+      child =
+          WIFEXITED(status) ? (WEXITSTATUS(status) == 0 ? "same-data" : "wrong-data") : "killed";
+      child_write = p[0] == -1 ? "reached-parent" : "stayed-in-child";
+      dontfork = madvise(p, bytes, MADV_DONTFORK) == 0 ? 0 : errno;
+    }
+    std::printf(
+        "vmm location=%s cpu=%s kernel=%s copy_spanning=%s htod_spanning=%s vmflags=%s "
+        "child=%s child_write=%s dontfork_errno=%d\n",
+        name, cpu, kernel, copy, htod, flags.c_str(), child, child_write, dontfork);
+  }
+  for (int i = 0; i < mapped; ++i) v.unmap(base + i * gmin, gmin);
+  for (int i = 0; i < created; ++i) v.release(handles[i]);
+  v.address_free(base, kGranules * gmin);
+}
+
+int run_vmm_host() {
+  CUfunction add = nullptr;
+  if (!start_with_kernel("vmm", &add)) return 1;
+  Vmm v{};
+  const bool ok =
+      resolve(g_lib, "cuMemGetAllocationGranularity", &v.granularity) &
+      resolve(g_lib, "cuMemCreate", &v.create) & resolve(g_lib, "cuMemAddressReserve", &v.reserve) &
+      resolve(g_lib, "cuMemMap", &v.map) & resolve(g_lib, "cuMemSetAccess", &v.set_access) &
+      resolve(g_lib, "cuMemUnmap", &v.unmap) & resolve(g_lib, "cuMemRelease", &v.release) &
+      resolve(g_lib, "cuMemAddressFree", &v.address_free);
+  if (!ok) {
+    std::printf("vmm result=missing-entry\n");
+    return 0;
+  }
+  vmm_location(v, add, CU_MEM_LOCATION_TYPE_HOST_NUMA, "host_numa");
+  vmm_location(v, add, CU_MEM_LOCATION_TYPE_HOST, "host");
+  return 0;
+}
+
 // A child that holds a context until its stdin closes (context-cost).
 int run_hold() {
   if (!start_driver(nullptr, nullptr)) return 1;
@@ -647,13 +883,13 @@ int run_reset() {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
-  const char* kCommands[] = {"kernel", "attributes", "costs",        "zero", "fork",
-                             "touch",  "hold",       "context-cost", "reset"};
+  const char* kCommands[] = {"kernel", "attributes",   "costs", "zero", "fork",    "touch",
+                             "hold",   "context-cost", "reset", "copy", "vmm-host"};
   if (std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const char* c) { return what == c; })) {
     std::fprintf(stderr,
                  "usage: gpu_probe kernel malloc|new|vector | attributes | costs | zero | fork | "
-                 "touch | context-cost | reset\n");
+                 "touch | context-cost | reset | copy | vmm-host\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -666,5 +902,7 @@ int main(int argc, char** argv) {
   if (what == "hold") return run_hold();
   if (what == "context-cost") return run_context_cost(argv[0]);
   if (what == "reset") return run_reset();
+  if (what == "copy") return run_copy();
+  if (what == "vmm-host") return run_vmm_host();
   return run_costs();
 }
