@@ -1360,8 +1360,13 @@ def case_stats_json(tmp, backend):
     expect(pool["bytes_reserved"] == sum(int(e["size"]) for e in allocs),
            f"bytes_reserved {pool['bytes_reserved']} vs driver log")
     expect(pool["driver_failures"] == len(fails), f"driver_failures {pool['driver_failures']} vs {len(fails)}")
-    expect(pool["driver_calls"] == len(allocs) + len(fails),
-           f"driver_calls {pool['driver_calls']} vs {len(allocs) + len(fails)}")
+    # A discard of a kept arena's free block (retire.cpp, when a pass comes
+    # while the program runs) is four calls: a stream made, the discard, a
+    # synchronize, the stream destroyed; the double logs the discard.
+    discards = [e for e in events if e["event"] == "discard"]
+    calls = len(allocs) + len(fails) + 4 * len(discards)
+    expect(pool["driver_calls"] == calls, f"driver_calls {pool['driver_calls']} vs {calls} "
+           f"({len(allocs)} allocations, {len(fails)} failures, {len(discards)} discards)")
     expect(doc["fallbacks"]["count"] > 0 and doc["fallbacks"]["reason"], "fallbacks not reported")
     expect(doc["pools"]["system"]["allocations"] >= doc["fallbacks"]["count"],
            "system pool should count the fallbacks")
