@@ -148,8 +148,7 @@ bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
   const int slot = pick_retired_locked(need, want, &size);
   if (slot == 0 || !within_limit(backend, size + kSegmentAlign)) return false;
   Segment seg;
-  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg))
-    return false;
+  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/false, &seg)) return false;
   if (seg.on_demand || seg.size != size || !g_state.table.add(seg, /*dedicated=*/false)) {
     release_segment(seg);
     return false;
@@ -192,11 +191,11 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // A backend that refuses the geometric size may still have room for a
   // smaller arena (managed memory near the device's capacity, pinned memory
   // under the locked-memory limit): halve down to what the request needs.
-  bool got =
-      acquire_segment(backend, want, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg);
+  const bool reserve = arenas_reserve(backend);
+  bool got = acquire_segment(backend, want, kSegmentAlign, reserve, &seg);
   while (!got && want > need) {
     want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
-    got = acquire_segment(backend, want, kSegmentAlign, /*reserve=*/arenas_reserve(backend), &seg);
+    got = acquire_segment(backend, want, kSegmentAlign, reserve, &seg);
   }
   if (!got) {
     describe_refusal(backend, want, why, why_len);

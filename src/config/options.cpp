@@ -174,6 +174,21 @@ class Reader {
   void entry(const char* text) noexcept;
   void apply(Row row, const Entry& e) noexcept;
   void invalid(Row row, const Entry& e, const char* what) noexcept;
+  // A choice: `dest` takes the value of the first of `names` the entry's
+  // value matches (case-insensitively); otherwise one warning naming
+  // `expected`, and `dest` keeps its default.
+  template <typename T, std::size_t N>
+  void choose(Row row, const Entry& e, const char* const (&names)[N], const T (&values)[N],
+              const char* expected, T* dest) noexcept {
+    const std::size_t len = detail::length(e.value);
+    for (std::size_t i = 0; i < N; ++i) {
+      if (equals_ci(e.value, len, names[i])) {
+        *dest = values[i];
+        return;
+      }
+    }
+    invalid(row, e, expected);
+  }
   void path(Row row, const Entry& e, char* dest, std::size_t dest_size) noexcept;
   void say(const char* format, ...) noexcept MNEMOSYNE_PRINTF(2, 3);
 
@@ -326,52 +341,21 @@ void Reader::apply(Row row, const Entry& e) noexcept {
     case kLimit:
       if (!parse_size(e.value, &o.limit)) invalid(row, e, "a size (like 4096, 64K, 256MiB, 1G)");
       return;
-    case kFallback: {
-      const std::size_t len = detail::length(e.value);
-      if (equals_ci(e.value, len, "host")) {
-        o.fallback = Fallback::host;
-      } else if (equals_ci(e.value, len, "fail")) {
-        o.fallback = Fallback::fail;
-      } else {
-        invalid(row, e, "host or fail");
-      }
+    case kFallback:
+      choose(row, e, {"host", "fail"}, {Fallback::host, Fallback::fail}, "host or fail",
+             &o.fallback);
       return;
-    }
-    case kContext: {
-      const std::size_t len = detail::length(e.value);
-      if (equals_ci(e.value, len, "primary")) {
-        o.context = Context::primary;
-      } else if (equals_ci(e.value, len, "own")) {
-        o.context = Context::own;
-      } else {
-        invalid(row, e, "primary or own");
-      }
+    case kContext:
+      choose(row, e, {"primary", "own"}, {Context::primary, Context::own}, "primary or own",
+             &o.context);
       return;
-    }
-    case kZeroed: {
-      const std::size_t len = detail::length(e.value);
-      if (equals_ci(e.value, len, "auto")) {
-        o.zeroed = Zeroed::automatic;
-      } else if (equals_ci(e.value, len, "yes")) {
-        o.zeroed = Zeroed::yes;
-      } else if (equals_ci(e.value, len, "no")) {
-        o.zeroed = Zeroed::no;
-      } else {
-        invalid(row, e, "auto, yes or no");
-      }
+    case kZeroed:
+      choose(row, e, {"auto", "yes", "no"}, {Zeroed::automatic, Zeroed::yes, Zeroed::no},
+             "auto, yes or no", &o.zeroed);
       return;
-    }
-    case kPin: {
-      const std::size_t len = detail::length(e.value);
-      if (equals_ci(e.value, len, "arena")) {
-        o.pin = Pin::arena;
-      } else if (equals_ci(e.value, len, "granule")) {
-        o.pin = Pin::granule;
-      } else {
-        invalid(row, e, "arena or granule");
-      }
+    case kPin:
+      choose(row, e, {"arena", "granule"}, {Pin::arena, Pin::granule}, "arena or granule", &o.pin);
       return;
-    }
     case kVerbose:
     case kShowStats:
     case kDisable: {
