@@ -335,6 +335,14 @@ void say(const char* what, bool ok) {
   std::printf("%s: %s\n", what, ok ? "yes" : "NO");
   if (!ok) ++g_mallinfo_failures;
 }
+// The same, with the two readings compared on stderr when the check fails.
+void say(const char* what, bool ok, const Heap& before, const Heap& after) {
+  say(what, ok);
+  if (!ok) {
+    std::fprintf(stderr, "%s: in use %zu then %zu, held %zu then %zu\n", what, before.in_use,
+                 after.in_use, before.held, after.held);
+  }
+}
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 char* volatile g_keep;
@@ -373,9 +381,9 @@ int mode_mallinfo() {
   for (int i = 0; i < kSmallCount; ++i) std::free(blocks[i]);
   const Heap freed = heap_now();
   say("96 MiB of small blocks, freed: in use fell by at least 90% of that",
-      filled.in_use >= freed.in_use + small_total / 10 * 9);
+      filled.in_use >= freed.in_use + small_total / 10 * 9, filled, freed);
   say("96 MiB of small blocks, freed: in use fell by less than twice that",
-      filled.in_use < freed.in_use + 2 * small_total);
+      filled.in_use < freed.in_use + 2 * small_total, filled, freed);
 
   const std::size_t large_size = 256 * kMiB;
   char* large = static_cast<char*>(std::malloc(large_size));
@@ -386,7 +394,7 @@ int mode_mallinfo() {
   std::free(large);
   const Heap without_large = heap_now();
   say("a 256 MiB block, freed: in use fell by at least that",
-      with_large.in_use >= without_large.in_use + large_size);
+      with_large.in_use >= without_large.in_use + large_size, with_large, without_large);
 
   pthread_t thread;
   pthread_create(&thread, nullptr, thread_leaves_blocks, blocks);
@@ -396,7 +404,7 @@ int mode_mallinfo() {
   for (int i = 0; i < kSmallCount / 3; ++i) std::free(blocks[i]);
   const Heap left_freed = heap_now();
   say("32 MiB an exited thread left, freed here: in use fell by at least 90% of that",
-      left.in_use >= left_freed.in_use + left_total / 10 * 9);
+      left.in_use >= left_freed.in_use + left_total / 10 * 9, left, left_freed);
   return g_mallinfo_failures == 0 ? 0 : 1;
 }
 
