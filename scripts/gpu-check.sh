@@ -87,7 +87,7 @@ field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
 
 # run_step NAME LIMIT_S HEAP CMD...: runs CMD without mnemosyne (HEAP none)
 # or under it with that backend (BACKEND+own: in mnemosyne's own context,
-# MNEMOSYNE_CONTEXT=own; pinned+granule: MNEMOSYNE_PIN=granule); output to
+# MNEMOSYNE_CONTEXT=own; pinned+granule, pinned+vmm: MNEMOSYNE_PIN); output to
 # logs/NAME.log; prints the status.
 run_step() {
   local name=$1 limit=$2 heap=$3
@@ -100,6 +100,7 @@ run_step() {
     local context=primary pin=arena
     [ "${heap%+own}" != "$heap" ] && context=own
     [ "${heap%+granule}" != "$heap" ] && pin=granule
+    [ "${heap%+vmm}" != "$heap" ] && pin=vmm
     with=(env LD_PRELOAD="$lib" MNEMOSYNE_BACKEND="${heap%+*}" MNEMOSYNE_CONTEXT="$context"
           MNEMOSYNE_PIN="$pin" MNEMOSYNE_CUDA_DRIVER="$driver")
   fi
@@ -194,7 +195,7 @@ say "No cudaMalloc, no copy: the kernel adds 7 to 4 MiB of ints in place."
 say ""
 say "| heap | malloc | new | std::vector | memory |"
 say "|---|---|---|---|---|"
-for backend in none unified device pinned pinned+granule unified+own; do
+for backend in none unified device pinned pinned+granule pinned+vmm unified+own; do
   row="| ${backend/none/without mnemosyne} |"
   memory=""
   for kind in malloc new vector; do
@@ -216,6 +217,7 @@ say ""
 say "CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = ${pageable:-?} (1: the GPU reaches any host memory, so the run without mnemosyne works too)."
 say "unified+own: the heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own), the kernel in the primary one."
 say "pinned+granule: MNEMOSYNE_PIN=granule, the heap registered 1 MiB at a time (a block spans registrations)."
+say "pinned+vmm: MNEMOSYNE_PIN=vmm, the heap mapped a granule at a time from the virtual-memory API."
 say ""
 # What cudaMemcpy (and torch's .cuda()) does with a program's buffers. The
 # driver copies a block only from one of its allocations or registrations:
@@ -227,7 +229,7 @@ say "address), then to the device and back (cuMemcpyHtoD, cuMemcpyDtoH); ok: the
 say ""
 say "| heap | 64 KiB | 900 KiB | 3 MiB | 64 MiB |"
 say "|---|---|---|---|---|"
-for heap in unified device pinned pinned+granule; do
+for heap in unified device pinned pinned+granule pinned+vmm; do
   status=$(run_step "copy-$heap" 60 "$heap" "$probe" copy)
   row="| $heap |"
   while read -r line; do
@@ -318,6 +320,7 @@ time.sleep(3)
 print(f"give-back peak_mib={peak} after_mib={backed()} peak_rss_mib={peak_rss} after_rss_mib={resident()}")
 '
 run_step "give-back" 120 pinned+granule python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
+run_step "give-back-vmm" 120 pinned+vmm python3 -c "$give_back_py" pinned $((1 << 20)) 2048 >/dev/null
 run_step "give-back-unified" 120 unified python3 -c "$give_back_py" unified $((64 << 20)) 32 >/dev/null
 # Arenas: a C program that keeps nothing across the phase (tests/e2e's
 # promise_probe), so that every arena but the first has no block in use.
@@ -334,6 +337,9 @@ run_step "give-back-discard" 120 unified python3 -c "$give_back_py" unified $((1
 say "- 2 GiB in 1 MiB blocks under \`pinned\` with \`MNEMOSYNE_PIN=granule\`, all freed: $(field peak_mib <"$logs/give-back.log") MiB" \
     "page-locked at the peak, $(field after_mib <"$logs/give-back.log") MiB 3 s after the frees" \
     "(resident: $(field peak_rss_mib <"$logs/give-back.log") MiB, then $(field after_rss_mib <"$logs/give-back.log") MiB)"
+say "- The same under \`MNEMOSYNE_PIN=vmm\`: $(field peak_mib <"$logs/give-back-vmm.log") MiB" \
+    "mapped at the peak, $(field after_mib <"$logs/give-back-vmm.log") MiB 3 s after the frees" \
+    "(resident: $(field peak_rss_mib <"$logs/give-back-vmm.log") MiB, then $(field after_rss_mib <"$logs/give-back-vmm.log") MiB)"
 say "- 2 GiB in 64 MiB blocks under \`unified\` (each a driver allocation of its own), all freed:" \
     "$(field peak_mib <"$logs/give-back-unified.log") MiB allocated at the peak," \
     "$(field after_mib <"$logs/give-back-unified.log") MiB 3 s after the frees" \
@@ -458,8 +464,8 @@ say ""
 py_prog='import json; d = {str(i): [i] * (i % 40) for i in range(60000)}; s = json.dumps(d); print(len(json.loads(s)), len(s))'
 c_src="$logs/work.c"
 for i in $(seq 1 300); do echo "int f$i(int x) { int a[$((i % 13 + 1))]; for (int k = 0; k < $((i % 13 + 1)); ++k) a[k] = x * k; return a[x % $((i % 13 + 1))]; }"; done >"$c_src"
-say "| program | $(printf '%s | ' unified device pinned)"
-say "|---|---|---|---|"
+say "| program | $(printf '%s | ' unified device pinned pinned+vmm)"
+say "|---|---|---|---|---|"
 np_prog='import numpy as np; a = np.arange(1 << 20, dtype=np.int64).reshape(1024, 1024); b = a @ (a[:, :16] % 97); print(int(b.sum()), int(np.sort(a.ravel() * 7919 % 10007)[::4096].sum()), round(float(np.sqrt(a).sum()), 3))'
 # PyTorch: a CPU tensor of 4 MiB to the device (cudaMemcpy from the heap),
 # a product there, a pinned copy, and NumPy over a tensor's memory.
@@ -473,10 +479,10 @@ for prog in python3 numpy gcc torch; do
     torch) exe=$python; cmd=("$exe" -c "$torch_prog")
            [ -n "$exe" ] && ! "$exe" -c 'import torch' >/dev/null 2>&1 && exe="" ;;
   esac
-  if [ -z "$exe" ]; then say "| $prog | skipped: not installed | | |"; continue; fi
+  if [ -z "$exe" ]; then say "| $prog | skipped: not installed | | | |"; continue; fi
   want=$(env -u LD_PRELOAD "${cmd[@]}" 2>&1 | sha256sum)
   row="| $prog |"
-  for backend in unified device pinned; do
+  for backend in unified device pinned pinned+vmm; do
     status=$(run_step "program-$prog-$backend" 120 "$backend" "${cmd[@]}")
     got=$(sha256sum <"$logs/program-$prog-$backend.log")
     if [ "$got" = "$want" ]; then row="$row identical |"; else row="$row differs ($status) |"; fi
@@ -548,7 +554,7 @@ else
   say "|---|---|---|"
   e2e_start=$(date +%s) passed=0 cells=0
   for case in "${e2e_cases[@]}"; do
-    for backend in unified device pinned; do
+    for backend in unified device pinned pinned+vmm; do
       cells=$((cells + 1))
       if [ $(( $(date +%s) - e2e_start )) -ge "$e2e_budget" ]; then
         say "| $case | $backend | not run: the step's ${e2e_budget} s were spent |"
@@ -562,7 +568,8 @@ else
         FAULT_PROBE="$tree/tests/e2e/fault_probe" STRESS_PROBE="$tree/tests/e2e/stress_probe" \
         DLOPEN_PROBE="$tree/tests/e2e/dlopen_probe" CTOR_LIB="$tree/tests/e2e/libctor_alloc.so" \
         SIZE_ROUTE_PROBE="$tree/tests/e2e/size_route_probe" MNEMOSYNE_LAUNCHER="$launcher" \
-        "$python" "$root/tests/e2e/run_e2e.py" "$case" "$backend")
+        E2E_PIN="$([ "${backend%+vmm}" != "$backend" ] && echo vmm)" \
+        "$python" "$root/tests/e2e/run_e2e.py" "$case" "${backend%+vmm}")
       verdict=$(grep -m1 -E '^(PASS|FAIL|SKIP)' "$logs/e2e-$case-$backend.log" | cut -c1-160)
       [ "$status" = "exit 0" ] || [ -n "$verdict" ] || verdict="no verdict ($status)"
       [ "${verdict#PASS}" != "$verdict" ] && passed=$((passed + 1))

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "backend/backends.hpp"
 #include "backend/loader.hpp"
 #include "platform/platform.hpp"
 
@@ -33,7 +34,9 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
                 o.zeroed == config::Zeroed::yes  ? "yes"
                 : o.zeroed == config::Zeroed::no ? "no"
                                                  : "auto",
-                o.pin == config::Pin::granule ? "granule" : "arena");
+                o.pin == config::Pin::granule ? "granule"
+                : o.pin == config::Pin::vmm   ? "vmm"
+                                              : "arena");
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
@@ -125,7 +128,8 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
   cfg.zeroed = o.zeroed == config::Zeroed::yes  ? arena::Zeroed::yes
                : o.zeroed == config::Zeroed::no ? arena::Zeroed::no
                                                 : arena::Zeroed::automatic;
-  cfg.pin_granules = o.pin == config::Pin::granule;
+  cfg.pin_granules = o.pin != config::Pin::arena;
+  set_pinned_commit(o.pin == config::Pin::vmm ? PinnedCommit::vmm : PinnedCommit::registration);
   cfg.host = platform.host;
   cfg.warn = platform.warn;
 

@@ -39,8 +39,9 @@ struct Config {
   std::size_t limit = 0;                              // cap on backend bytes; 0 = none
   Fallback fallback = Fallback::host;
   Zeroed zeroed = Zeroed::automatic;
-  // pinned: page-lock each arena whole (false) or only the 1 MiB granules
-  // mimalloc commits (true; MNEMOSYNE_PIN=granule).
+  // pinned: page-lock each arena whole (false) or only the granules
+  // mimalloc commits (true; MNEMOSYNE_PIN=granule or vmm, which route:
+  // set_pinned_commit).
   bool pin_granules = false;
   HostHeap host{};
   void (*warn)(const char* line) = nullptr;  // one line, no newline

@@ -23,8 +23,8 @@
 //    those through the backend's copy_out before any atfork handler runs
 //    (from the fork() wrapper), leaving pages that read as zero out of the
 //    image. What it did not copy, prepare_fork() reads with the CPU:
-//    correct, at the cost of a migration. In memory whose data is always on
-//    the CPU (pinned), an unmapped page was never touched and is skipped.
+//    correct, at the cost of a migration. In pinned memory the CPU reads
+//    them in place (copy_run says why), the zero ones left out.
 //
 // When the child gets its copy: in a child of a multi-threaded parent,
 // glibc's fork() touches the heap before any atfork child handler runs (it
@@ -217,7 +217,6 @@ struct Pass {
   Shadow* shadow;
   BackendId backend;
   bool early;
-  bool off_cpu;              // data_off_cpu(backend)
   unsigned char* residency;  // mincore buffer, kWindowPages entries
   unsigned char* bounce;     // early pass: copy_out's destination
   std::uint64_t bytes = 0;   // written into the image
@@ -296,10 +295,13 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
     cpu_copy(pass, first, count);
     return;
   }
-  if (!pass.off_cpu) return;  // never touched: zero in the child too
-  // Not copied early (no fork() wrapper, the copy failed, or allocated since):
-  // read with the CPU, which migrates the data but reads it right. Pages
-  // that read as zero (never touched, most likely) stay out of the image.
+  // Managed memory not copied early (no fork() wrapper, the copy failed, or
+  // allocated since): read with the CPU, which migrates the data but reads
+  // it right. Pinned memory: a page never touched reads zero, but what
+  // mincore says of the driver's own mappings (cuMemHostAlloc's; PIN=vmm's
+  // are VM_MIXEDMAP, "mm" in smaps on an H200) is not documented, and a
+  // kernel's writes map no page for the CPU: read too. Pages that read as
+  // zero stay out of the image.
   const std::size_t page = Os::page_size();
   auto* base = static_cast<const unsigned char*>(pass.shadow->target);
   for (std::size_t i = first; i < first + count; ++i) {
@@ -454,7 +456,7 @@ bool copy_early() noexcept {
     // (fork_readers), so reading its metadata here, outside the table lock,
     // is safe; a dedicated block freed meanwhile only makes copy_out fail,
     // and the table no longer lists it.
-    Pass pass{&s, g_snapshot[i].segment.backend, true, true, g_early_residency, bounce};
+    Pass pass{&s, g_snapshot[i].segment.backend, true, g_early_residency, bounce};
     copy_segment(g_snapshot[i], pass);
     add_copied(pass);
     ok = !pass.failed;
@@ -494,8 +496,7 @@ void prepare_fork() noexcept {
     if (adopt) adopt_early(e.serial, s);
     bool ok = open_image();
     if (ok) {
-      Pass pass{&s,     e.segment.backend, false, data_off_cpu(e.segment.backend), g_residency,
-                nullptr};
+      Pass pass{&s, e.segment.backend, false, g_residency, nullptr};
       copy_segment(e, pass);
       add_copied(pass);
       ok = !pass.failed;

@@ -91,8 +91,13 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
   const auto raw_addr = reinterpret_cast<std::uintptr_t>(raw);
   const std::uintptr_t start = (raw_addr + align - 1) & ~(std::uintptr_t{align} - 1);
   const std::size_t usable = (raw_addr + raw_size - start) / kSegmentAlign * kSegmentAlign;
-  *out = Segment{reinterpret_cast<void*>(start),           usable,   raw, raw_size, backend,
-                 on_demand || backend_fresh_zero(backend), on_demand};
+  const bool zero = with_backend(backend, [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      if (on_demand) return B::reservation_zero();
+    }
+    return B::fresh_memory_zero();
+  });
+  *out = Segment{reinterpret_cast<void*>(start), usable, raw, raw_size, backend, zero, on_demand};
   if (!owner_map_covers(reinterpret_cast<void*>(start), usable)) {
     give_back(*out);
     return false;

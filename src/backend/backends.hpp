@@ -90,12 +90,21 @@ struct CpuMemory {
   static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
 };
 
+// How a pinned reservation backs what is committed (pinned_granules.cpp):
+// registration, anonymous memory of our own registered with the driver
+// (cuMemHostRegister, DEVICEMAP | PORTABLE) one 1 MiB granule at a time
+// (MNEMOSYNE_PIN=granule); or vmm, host memory of the driver's
+// virtual-memory API (cuMemCreate, cuMemMap) one granule of the driver's
+// granularity at a time (MNEMOSYNE_PIN=vmm). Set before the first reserve().
+enum class PinnedCommit : unsigned char { registration, vmm };
+void set_pinned_commit(PinnedCommit how) noexcept;
+PinnedCommit pinned_commit() noexcept;
+
 // Page-locked host memory. allocate(): cuMemHostAlloc(..., DEVICEMAP |
-// PORTABLE), locked whole. reserve()/commit(): anonymous memory of our own,
-// registered with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE) one
-// granule at a time where it is committed (pinned_granules.cpp); null from
-// reserve() when the driver cannot register. Neither is inherited by a
-// forked child (MADV_DONTFORK).
+// PORTABLE), locked whole. reserve()/commit(): backed granule by granule
+// where mimalloc commits (PinnedCommit); null from reserve() when the driver
+// cannot back memory that way. Neither is inherited by a forked child
+// (MADV_DONTFORK).
 struct CudaHostPinned : CpuMemory {
   static constexpr BackendId kId = BackendId::pinned;
   static constexpr const char* kName = "pinned";
@@ -109,8 +118,10 @@ struct CudaHostPinned : CpuMemory {
   static constexpr std::size_t kGranule = std::size_t{1} << 20;
   // Zero while the nvidia module's InitializeSystemMemoryAllocations is 1
   // (its default); read once (platform layer), no when it cannot be read.
-  // (Reservations are anonymous memory, documented zero-filled.)
   static bool fresh_memory_zero() noexcept;
+  // Whether a reservation's memory reads zero where first committed
+  // (pinned_granules.cpp says why, per route).
+  static bool reservation_zero() noexcept;
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static void* reserve(std::size_t size) noexcept;
@@ -142,6 +153,7 @@ struct Host : CpuMemory {
   static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
   static void* reserve(std::size_t size) noexcept { return allocate(size); }
+  static bool reservation_zero() noexcept { return true; }
   static bool commit(void*, std::size_t, bool) noexcept { return true; }
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept { return deallocate(ptr, size); }

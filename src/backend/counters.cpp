@@ -55,6 +55,11 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
   } else if (step == kRegisterFailed) {
     std::snprintf(out, len, "cuMemHostRegister of %llu bytes failed: %s", size,
                   cu_result_name(static_cast<CUresult>(result)));
+  } else if (step == kVmmFailed) {
+    std::snprintf(out, len,
+                  "host memory of %llu bytes from the driver's virtual-memory API (cuMemCreate, "
+                  "cuMemMap, cuMemSetAccess) failed: %s",
+                  size, cu_result_name(static_cast<CUresult>(result)));
   } else if (step == kReserveFailed) {
     std::snprintf(out, len, "mmap of %llu bytes (a reservation) failed: %s", size,
                   std::strerror(result));

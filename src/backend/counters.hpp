@@ -18,6 +18,7 @@ enum FailureStep : int {
   kInheritable,     // the kernel refused MADV_DONTFORK on memory a child must not share
   kRegisterFailed,  // cuMemHostRegister refused a granule of a reservation
   kReserveFailed,   // mmap refused a reservation (result: errno)
+  kVmmFailed,       // cuMemCreate, cuMemMap or cuMemSetAccess refused a granule (PIN=vmm)
 };
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {

@@ -40,6 +40,16 @@ struct DriverApi {
   PFN_cuGetErrorName_v6000 cuGetErrorName;    // optional: may be null
   // Dropping what free managed memory held (CUDA 13; optional: may be null).
   PFN_cuMemDiscardBatchAsync_v13000 cuMemDiscardBatchAsync;
+  // Host memory through the virtual-memory API, granule by granule
+  // (MNEMOSYNE_PIN=vmm; host locations need CUDA 12.2; optional: may be null).
+  PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity;
+  PFN_cuMemAddressReserve_v10020 cuMemAddressReserve;
+  PFN_cuMemAddressFree_v10020 cuMemAddressFree;
+  PFN_cuMemCreate_v10020 cuMemCreate;
+  PFN_cuMemRelease_v10020 cuMemRelease;
+  PFN_cuMemMap_v10020 cuMemMap;
+  PFN_cuMemUnmap_v10020 cuMemUnmap;
+  PFN_cuMemSetAccess_v10020 cuMemSetAccess;
 };
 
 }  // namespace mnemosyne

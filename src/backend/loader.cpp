@@ -136,7 +136,15 @@ bool resolve_all(Resolver& r) noexcept {
          r.resolve(&a.cuStreamSynchronize, "cuStreamSynchronize", "cuStreamSynchronize", 2000, opt) &&
          r.resolve(&a.cuStreamDestroy, "cuStreamDestroy", "cuStreamDestroy_v2", 4000, opt) &&
          r.resolve(&a.cuGetErrorName, "cuGetErrorName", "cuGetErrorName", 6000, opt) &&
-         r.resolve(&a.cuMemDiscardBatchAsync, "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", 13000, opt);
+         r.resolve(&a.cuMemDiscardBatchAsync, "cuMemDiscardBatchAsync", "cuMemDiscardBatchAsync", 13000, opt) &&
+         r.resolve(&a.cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", "cuMemGetAllocationGranularity", 10020, opt) &&
+         r.resolve(&a.cuMemAddressReserve, "cuMemAddressReserve", "cuMemAddressReserve", 10020, opt) &&
+         r.resolve(&a.cuMemAddressFree, "cuMemAddressFree", "cuMemAddressFree", 10020, opt) &&
+         r.resolve(&a.cuMemCreate, "cuMemCreate", "cuMemCreate", 10020, opt) &&
+         r.resolve(&a.cuMemRelease, "cuMemRelease", "cuMemRelease", 10020, opt) &&
+         r.resolve(&a.cuMemMap, "cuMemMap", "cuMemMap", 10020, opt) &&
+         r.resolve(&a.cuMemUnmap, "cuMemUnmap", "cuMemUnmap", 10020, opt) &&
+         r.resolve(&a.cuMemSetAccess, "cuMemSetAccess", "cuMemSetAccess", 10020, opt);
   // clang-format on
 }
 

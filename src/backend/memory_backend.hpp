@@ -46,7 +46,7 @@ bool > &&
         // hold data, somewhere only copy_out reads without moving it.
         std::same_as<std::remove_cv_t<decltype(B::data_off_cpu)>, bool>&&
             // Memory backed only where it is committed: reserve() gives address
-            // space (reading zero, nothing of it locked or allocated), commit()
+            // space (nothing of it locked or allocated), commit()
             // backs a page-aligned range inside a reservation (false: it could
             // not, or it would have to call the driver and may not),
             // decommit() marks a range unused (no driver call),
@@ -62,6 +62,9 @@ bool > &&
       { B::defers_release } -> std::same_as<const bool&>;
       { B::reserve(size) }
       noexcept->std::same_as<void*>;
+      // Whether reserved memory reads zero where it is first committed.
+      { B::reservation_zero() }
+      noexcept->std::same_as<bool>;
       { B::commit(ptr, size, true) }
       noexcept->std::same_as<bool>;
       { B::decommit(ptr, size) }

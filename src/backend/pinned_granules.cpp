@@ -3,39 +3,54 @@
 //
 // cuMemHostAlloc locks all it returns, at once: a mimalloc segment per thread
 // (32 MiB) was 32 MiB of locked RAM for a thread that holds 64 bytes. Here a
-// reservation is anonymous memory of our own, and only what mimalloc commits
-// is page-locked and mapped for the device, by cuMemHostRegister(DEVICEMAP |
-// PORTABLE), one granule (kGranule, aligned to its size) at a time: a
-// registration can only be undone whole, so the granule is the unit that can
-// be given back. mimalloc commits and decommits in 64 KiB chunks (its
-// MI_COMMIT_SIZE); which chunks of a granule are committed is tracked so
-// that a granule none of them uses can be given back.
+// reservation is address space, and only what mimalloc commits is backed by
+// locked memory the device reaches, one granule (aligned to its size) at a
+// time, by one of two routes (set_pinned_commit, MNEMOSYNE_PIN):
+//
+//  - registration (PIN=granule): the reservation is anonymous memory of our
+//    own; a granule (1 MiB) is page-locked and mapped for the device by
+//    cuMemHostRegister(DEVICEMAP | PORTABLE), in every driver since CUDA 4.
+//    Each registration is its own range to the driver, which refuses
+//    cuMemcpy* of a block spanning two (CUDA_ERROR_INVALID_VALUE on an H200:
+//    scripts/gpu-check.sh, "pinned copies").
+//  - the virtual-memory API (PIN=vmm): the reservation is cuMemAddressReserve
+//    address space; a granule (the driver's allocation granularity for host
+//    memory, 2 MiB on an H200) is cuMemCreate'd with a host location
+//    (CU_MEM_LOCATION_TYPE_HOST, CUDA 12.2 and later), cuMemMap'ped in place
+//    and opened to the device and the CPU with cuMemSetAccess. Granules
+//    mapped side by side in one reservation are one range to the driver: on
+//    an H200 (`gpu_probe vmm-host`) the CPU, a kernel and cuMemcpyDtoH/HtoD
+//    all reached blocks spanning two, at 0.72 ms a granule. The mappings
+//    are shared mappings a forked child would inherit and write through
+//    (measured there): each granule is marked MADV_DONTFORK once mapped
+//    (which the H200 accepted), and a granule the kernel refuses that on is
+//    given back and its commit fails. Nothing documents what fresh memory
+//    of this kind holds: it is not taken to read zero.
+//
+// A granule can only be given back whole, so it is the unit of give-back.
+// mimalloc commits and decommits in 64 KiB chunks (its MI_COMMIT_SIZE);
+// which chunks of a granule are committed is tracked so that a granule none
+// of them uses can be given back.
 //
 // mimalloc commits from inside its allocation path, where the driver must
 // not be called: the driver calls malloc, which would re-enter mimalloc
-// mid-operation. So a commit there succeeds only on granules registered
-// already (commit with may_call_driver false); otherwise it fails, mimalloc
-// returns NULL, and the arena's slow path, outside mimalloc, registers the
-// range (may_call_driver true) and asks again.
-//
-// The other route, the driver's virtual-memory API with host-located
-// physical memory (cuMemCreate with CU_MEM_LOCATION_TYPE_HOST, CUDA 12.2 and
-// later), needs a handle, a map and an access call per granule and a recent
-// driver; registration needs one call and is in every driver since CUDA 4.
-// A driver without it leaves reserve() null, and the arena falls back to
-// cuMemHostAlloc.
+// mid-operation. So a commit there succeeds only on granules backed already
+// (commit with may_call_driver false); otherwise it fails, mimalloc returns
+// NULL, and the arena's slow path, outside mimalloc, backs the range
+// (may_call_driver true) and asks again.
 //
 // Giving back has the same constraint: mimalloc decommits from inside its
 // free path. A decommit only marks chunks unused; a thread of mnemosyne's
 // own (the give-back thread, started the first time a commit needs the
-// driver, every asynchronous signal blocked) unregisters a granule that has
-// stayed wholly unused for one pass (kPassNs) to the next, and gives its
-// pages back to the OS. It sleeps while no granule is unused.
+// driver, every asynchronous signal blocked) gives back a granule that has
+// stayed wholly unused for one pass (kPassNs) to the next: unregistered and
+// its pages returned to the OS, or unmapped and released to the driver. It
+// sleeps while no granule is unused.
 //
 // Each granule's state is one atomic word: which chunks are committed,
-// whether it is registered, or being (un)registered by a thread (busy),
+// whether it is backed, or being backed or given back by a thread (busy),
 // whether the last give-back pass saw it unused (idle), and whether the
-// driver refused to unregister it (kept). No lock is held across a driver
+// driver refused to give it back (kept). No lock is held across a driver
 // call that a malloc could wait for: the driver calls malloc, and a malloc
 // may need a commit.
 #include <atomic>
@@ -50,29 +65,36 @@
 namespace mnemosyne {
 namespace {
 
-constexpr std::size_t kGranule = CudaHostPinned::kGranule;
+constexpr std::size_t kRegisterGranule = CudaHostPinned::kGranule;
 constexpr std::size_t kChunk = std::size_t{64} << 10;  // mimalloc's MI_COMMIT_SIZE
-constexpr std::uint32_t kChunks = kGranule / kChunk;
-static_assert(kChunks <= 16);
-constexpr std::uint32_t kChunkBits = (std::uint32_t{1} << kChunks) - 1;
-constexpr std::uint32_t kRegistered = std::uint32_t{1} << 16;
-constexpr std::uint32_t kBusy = std::uint32_t{1} << 17;
-constexpr std::uint32_t kIdle = std::uint32_t{1} << 18;
-constexpr std::uint32_t kKept = std::uint32_t{1} << 19;
-// A give-back pass marks the registered granules no chunk uses (idle) and
-// unregisters those the pass before marked: a granule goes back between one
-// and two passes after mimalloc stopped using it. mimalloc's own delay
-// before it decommits a freed segment (segment_decommit_delay) is 500 ms,
-// and set to 0 for arenas (arena.cpp): this delay takes its place.
+// The largest granule whose chunks one word tracks (2 MiB).
+constexpr std::size_t kMaxGranule = kChunk * 32;
+using Word = std::uint64_t;
+constexpr Word kChunkBits = 0xffff'ffffu;
+constexpr Word kBacked = Word{1} << 32;
+constexpr Word kBusy = Word{1} << 33;
+constexpr Word kIdle = Word{1} << 34;
+constexpr Word kKept = Word{1} << 35;
+// A give-back pass marks the backed granules no chunk uses (idle) and gives
+// back those the pass before marked: a granule goes back between one and
+// two passes after mimalloc stopped using it. mimalloc's own delay before
+// it decommits a freed segment (segment_decommit_delay) is 500 ms, and set
+// to 0 for arenas (arena.cpp): this delay takes its place.
 constexpr std::uint64_t kPassNs = 500'000'000;
 constexpr unsigned kRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
+
+constinit std::atomic<PinnedCommit> g_route{PinnedCommit::registration};
 
 // One reservation. `base` is 0 for a free slot, 1 while a thread fills it.
 struct Reservation {
   std::atomic<std::uintptr_t> base{0};
-  std::size_t size = 0;
+  std::size_t size = 0;              // as asked for (release() checks it)
+  std::size_t span = 0;              // reserved: size, rounded up to granules under vmm
+  std::size_t granule = 0;           // bytes, a power of two
+  bool vmm = false;                  // the virtual-memory route
   std::uintptr_t first_granule = 0;  // address of the granule holding base
-  std::atomic<std::uint32_t>* granules = nullptr;
+  std::atomic<Word>* granules = nullptr;
+  CUmemGenericAllocationHandle* handles = nullptr;  // vmm: one per granule, after the words
   std::size_t state_bytes = 0;
 };
 
@@ -81,7 +103,7 @@ struct Reservation {
 constexpr std::size_t kMaxReservations = 128;
 constinit Reservation g_reservations[kMaxReservations];
 
-// Bumped (and the give-back thread woken) when a registered granule becomes
+// Bumped (and the give-back thread woken) when a backed granule becomes
 // unused.
 constinit std::atomic<std::uint32_t> g_idle_events{0};
 // Whether the give-back thread sleeps on g_idle_events: a free that makes a
@@ -118,18 +140,93 @@ BackendCounters& counters() noexcept {
   return backend_counters(BackendId::pinned);
 }
 
+std::size_t granule_index(const Reservation& r, std::uintptr_t g) noexcept {
+  return (g - r.first_granule) / r.granule;
+}
+
 // The part of granule `g` (its address) inside the reservation.
 void granule_span(const Reservation& r, std::uintptr_t g, std::uintptr_t* start,
                   std::size_t* size) noexcept {
   const std::uintptr_t base = r.base.load(std::memory_order_relaxed);
   const std::uintptr_t lo = g < base ? base : g;
-  const std::uintptr_t hi = g + kGranule < base + r.size ? g + kGranule : base + r.size;
+  const std::uintptr_t end = base + r.span;
+  const std::uintptr_t hi = g + r.granule < end ? g + r.granule : end;
   *start = lo;
   *size = hi - lo;
 }
 
-// One driver call on [start, start + size): register or unregister.
-bool driver_register(std::uintptr_t start, std::size_t size, bool lock) noexcept {
+// The access a vmm granule needs: read and write for the device and the CPU
+// (as `gpu_probe vmm-host` opened it on an H200).
+void vmm_access(CUdevice device, CUmemAccessDesc out[2]) noexcept {
+  out[0] = CUmemAccessDesc{};
+  out[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  out[0].location.id = device;
+  out[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  out[1] = CUmemAccessDesc{};
+  out[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  out[1].location.id = 0;
+  out[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
+CUmemAllocationProp vmm_host_prop() noexcept {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST;  // no NUMA node chosen: id ignored
+  prop.location.id = 0;
+  return prop;
+}
+
+// Backs one vmm granule at `start` (create, map, open, keep from children);
+// inside a DriverCall. Undoes what it did when a step fails.
+bool vmm_back(const DriverCall& call, Reservation& r, std::uintptr_t start, std::size_t size,
+              BackendCounters& c) noexcept {
+  const DriverApi& api = call.api();
+  const CUmemAllocationProp prop = vmm_host_prop();
+  CUmemGenericAllocationHandle h = 0;
+  const CUdeviceptr at = static_cast<CUdeviceptr>(start);
+  CUresult rc = api.cuMemCreate(&h, size, &prop, 0);
+  count_event(c.driver_calls);
+  if (rc == CUDA_SUCCESS) {
+    rc = api.cuMemMap(at, size, 0, h, 0);
+    count_event(c.driver_calls);
+    if (rc == CUDA_SUCCESS) {
+      CUmemAccessDesc access[2];
+      vmm_access(call.device(), access);
+      rc = api.cuMemSetAccess(at, size, access, 2);
+      count_event(c.driver_calls);
+      int err = 0;
+      if (rc == CUDA_SUCCESS) {
+        if (Os::exclude_from_fork(reinterpret_cast<void*>(start), size, &err)) {
+          r.handles[granule_index(r, start)] = h;
+          return true;
+        }
+        c.failed(kInheritable, err, size);
+      }
+      api.cuMemUnmap(at, size);
+      count_event(c.driver_calls);
+    }
+    api.cuMemRelease(h);
+    count_event(c.driver_calls);
+  }
+  if (rc != CUDA_SUCCESS) c.failed(kVmmFailed, rc, size);
+  return false;
+}
+
+// Gives one vmm granule back to the driver; inside a DriverCall.
+bool vmm_drop(const DriverCall& call, Reservation& r, std::uintptr_t start, std::size_t size,
+              BackendCounters& c) noexcept {
+  const DriverApi& api = call.api();
+  count_event(c.driver_calls, 2);
+  if (api.cuMemUnmap(static_cast<CUdeviceptr>(start), size) != CUDA_SUCCESS) return false;
+  // Unmapped, the granule is out of the address space whatever the release
+  // answers: given back as far as the process is concerned.
+  api.cuMemRelease(r.handles[granule_index(r, start)]);
+  r.handles[granule_index(r, start)] = 0;
+  return true;
+}
+
+// Backs (lock) or gives back [start, start + size), one granule of r.
+bool driver_back(Reservation& r, std::uintptr_t start, std::size_t size, bool lock) noexcept {
   const DriverApi* api = driver_api();
   // Inside a driver call on this thread (the driver is calling malloc),
   // calling it again could deadlock: the caller's commit fails instead.
@@ -140,12 +237,16 @@ bool driver_register(std::uintptr_t start, std::size_t size, bool lock) noexcept
   {
     DriverCall call;
     if (call.ok()) {
-      count_event(c.driver_calls);
-      void* p = reinterpret_cast<void*>(start);
-      const CUresult rc =
-          lock ? api->cuMemHostRegister(p, size, kRegisterFlags) : api->cuMemHostUnregister(p);
-      ok = rc == CUDA_SUCCESS;
-      if (!ok && lock) c.failed(kRegisterFailed, rc, size);
+      if (r.vmm) {
+        ok = lock ? vmm_back(call, r, start, size, c) : vmm_drop(call, r, start, size, c);
+      } else {
+        count_event(c.driver_calls);
+        void* p = reinterpret_cast<void*>(start);
+        const CUresult rc =
+            lock ? api->cuMemHostRegister(p, size, kRegisterFlags) : api->cuMemHostUnregister(p);
+        ok = rc == CUDA_SUCCESS;
+        if (!ok && lock) c.failed(kRegisterFailed, rc, size);
+      }
     }
     if (!ok) count_event(c.driver_failures);
   }
@@ -161,10 +262,10 @@ bool driver_register(std::uintptr_t start, std::size_t size, bool lock) noexcept
 
 // Chunk bits of granule `g` that [lo, hi) touches (liberal) or covers
 // wholly (conservative).
-std::uint32_t chunk_bits(std::uintptr_t g, std::uintptr_t lo, std::uintptr_t hi,
-                         bool liberal) noexcept {
+Word chunk_bits(const Reservation& r, std::uintptr_t g, std::uintptr_t lo, std::uintptr_t hi,
+                bool liberal) noexcept {
   const std::uintptr_t a = lo < g ? g : lo;
-  const std::uintptr_t b = hi > g + kGranule ? g + kGranule : hi;
+  const std::uintptr_t b = hi > g + r.granule ? g + r.granule : hi;
   if (a >= b) return 0;
   std::uintptr_t first = (a - g) / kChunk;
   std::uintptr_t end = (b - g + kChunk - 1) / kChunk;
@@ -173,23 +274,23 @@ std::uint32_t chunk_bits(std::uintptr_t g, std::uintptr_t lo, std::uintptr_t hi,
     end = (b - g) / kChunk;
   }
   if (first >= end) return 0;
-  return ((std::uint32_t{1} << end) - 1) & ~((std::uint32_t{1} << first) - 1);
+  return ((Word{1} << end) - 1) & ~((Word{1} << first) - 1);
 }
 
-std::atomic<std::uint32_t>& word(Reservation& r, std::uintptr_t g) noexcept {
-  return r.granules[(g - r.first_granule) / kGranule];
+std::atomic<Word>& word(Reservation& r, std::uintptr_t g) noexcept {
+  return r.granules[granule_index(r, g)];
 }
 
-// Marks `bits` of granule g uncommitted. The granule stays registered even
-// when none of its chunks is committed: mimalloc decommits from inside its
-// free and allocation paths, where the driver must not be called (it calls
+// Marks `bits` of granule g uncommitted. The granule stays backed even when
+// none of its chunks is committed: mimalloc decommits from inside its free
+// and allocation paths, where the driver must not be called (it calls
 // malloc and free, which would re-enter mimalloc mid-operation). The
-// give-back thread is woken to unregister it later.
-void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
-  const std::uint32_t before = word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
-  const std::uint32_t after = before & ~bits;
+// give-back thread is woken to give it back later.
+void drop_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
+  const Word before = word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
+  const Word after = before & ~bits;
   if ((before & bits) != 0 && (after & (kChunkBits | kBusy | kKept)) == 0 &&
-      (after & kRegistered) != 0) {
+      (after & kBacked) != 0) {
     // Both sequentially consistent, as the thread's store and load are: either
     // it sees this event before sleeping, or this sees it sleeping.
     g_idle_events.fetch_add(1, std::memory_order_seq_cst);
@@ -198,22 +299,22 @@ void drop_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits) noexcept {
 }
 
 // Marks `bits` of granule g committed (none: only in use, no longer idle),
-// registering it first when it is not and `may_call_driver`; false when it
-// is not registered and cannot be now.
-bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_call_driver) noexcept {
-  std::atomic<std::uint32_t>& w = word(r, g);
-  std::uint32_t s = w.load(std::memory_order_acquire);
+// backing it first when it is not and `may_call_driver`; false when it is
+// not backed and cannot be now.
+bool add_bits(Reservation& r, std::uintptr_t g, Word bits, bool may_call_driver) noexcept {
+  std::atomic<Word>& w = word(r, g);
+  Word s = w.load(std::memory_order_acquire);
   for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
     if ((s & kBusy) != 0) {
-      // The driver, registering this granule for this thread, calls malloc:
+      // The driver, backing this granule for this thread, calls malloc:
       // that request goes to the host heap.
       if (in_driver_call()) return false;
       Os::pause(spins++);
       continue;
     }
     // A forked child (no driver) has its own copy of the memory: using it
-    // needs no registration.
-    if ((s & kRegistered) != 0 || driver_api() == nullptr) {
+    // needs no driver.
+    if ((s & kBacked) != 0 || driver_api() == nullptr) {
       if (w.compare_exchange_weak(s, (s & ~kIdle) | bits, std::memory_order_acq_rel)) return true;
       continue;
     }
@@ -222,8 +323,8 @@ bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_cal
     std::uintptr_t start = 0;
     std::size_t size = 0;
     granule_span(r, g, &start, &size);
-    const bool ok = driver_register(start, size, /*lock=*/true);
-    w.store(ok ? (s | bits | kRegistered) : s, std::memory_order_release);
+    const bool ok = driver_back(r, start, size, /*lock=*/true);
+    w.store(ok ? (s | bits | kBacked) : s, std::memory_order_release);
     return ok;
   }
 }
@@ -231,7 +332,7 @@ bool add_bits(Reservation& r, std::uintptr_t g, std::uint32_t bits, bool may_cal
 // Number of granule words of a reservation.
 std::size_t granule_count(const Reservation& r) noexcept {
   const std::uintptr_t base = r.base.load(std::memory_order_relaxed);
-  return (base + r.size - r.first_granule + kGranule - 1) / kGranule;
+  return (base + r.span - r.first_granule + r.granule - 1) / r.granule;
 }
 
 // One give-back pass over every reservation; true when it left a granule
@@ -243,28 +344,29 @@ bool give_back_pass() noexcept {
     if (r.base.load(std::memory_order_acquire) <= 1) continue;
     const std::size_t count = granule_count(r);
     for (std::size_t i = 0; i < count; ++i) {
-      std::atomic<std::uint32_t>& w = r.granules[i];
-      std::uint32_t s = w.load(std::memory_order_acquire);
-      if (s == kRegistered) {
-        w.compare_exchange_strong(s, kRegistered | kIdle, std::memory_order_acq_rel);
+      std::atomic<Word>& w = r.granules[i];
+      Word s = w.load(std::memory_order_acquire);
+      if (s == kBacked) {
+        w.compare_exchange_strong(s, kBacked | kIdle, std::memory_order_acq_rel);
         marked = true;  // either idle now, or in use again: looked at next pass
         continue;
       }
-      if (s != (kRegistered | kIdle)) continue;
-      if (!w.compare_exchange_strong(s, kRegistered | kBusy, std::memory_order_acq_rel)) {
+      if (s != (kBacked | kIdle)) continue;
+      if (!w.compare_exchange_strong(s, kBacked | kBusy, std::memory_order_acq_rel)) {
         marked = true;
         continue;
       }
       std::uintptr_t start = 0;
       std::size_t size = 0;
-      granule_span(r, r.first_granule + i * kGranule, &start, &size);
-      // Refused (the granule stays registered): kept, never tried again.
-      const bool ok = driver_register(start, size, /*lock=*/false);
-      // Unlocked, the pages are still resident: their contents are dead (no
-      // chunk is committed), so the OS takes them back, as mimalloc's own
-      // decommit would (a registration later locks fresh pages).
-      if (ok) Os::discard_pages(reinterpret_cast<void*>(start), size);
-      w.store(ok ? 0 : (kRegistered | kKept), std::memory_order_release);
+      granule_span(r, r.first_granule + i * r.granule, &start, &size);
+      // Refused (the granule stays backed): kept, never tried again.
+      const bool ok = driver_back(r, start, size, /*lock=*/false);
+      // Unlocked, registered pages are still resident: their contents are
+      // dead (no chunk is committed), so the OS takes them back, as
+      // mimalloc's own decommit would (a registration later locks fresh
+      // pages). An unmapped vmm granule went back to the driver whole.
+      if (ok && !r.vmm) Os::discard_pages(reinterpret_cast<void*>(start), size);
+      w.store(ok ? 0 : (kBacked | kKept), std::memory_order_release);
     }
   }
   return marked;
@@ -284,42 +386,121 @@ void give_back_thread(void*) {
   }
 }
 
+// The vmm route's granule: the driver's minimum granularity for host memory
+// (at least one chunk), or 0 when the driver lacks the route or its
+// granule is larger than one word tracks. Asked once.
+std::size_t vmm_granule(const DriverCall& call) noexcept {
+  static constinit std::atomic<std::size_t> known{1};  // 1: not asked yet
+  std::size_t g = known.load(std::memory_order_acquire);
+  if (g != 1) return g;
+  const DriverApi& api = call.api();
+  g = 0;
+  if (api.cuMemGetAllocationGranularity != nullptr && api.cuMemAddressReserve != nullptr &&
+      api.cuMemAddressFree != nullptr && api.cuMemCreate != nullptr &&
+      api.cuMemRelease != nullptr && api.cuMemMap != nullptr && api.cuMemUnmap != nullptr &&
+      api.cuMemSetAccess != nullptr) {
+    const CUmemAllocationProp prop = vmm_host_prop();
+    std::size_t min = 0;
+    count_event(counters().driver_calls);
+    const CUresult rc =
+        api.cuMemGetAllocationGranularity(&min, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
+    if (rc != CUDA_SUCCESS) {
+      // A driver before CUDA 12.2 knows no host location.
+      counters().failed(kVmmFailed, rc, 0);
+    } else if (min != 0 && (min & (min - 1)) == 0 && min <= kMaxGranule) {
+      g = min < kChunk ? kChunk : min;
+    }
+  }
+  known.store(g, std::memory_order_release);
+  return g;
+}
+
+// The vmm route's reservation of `span` bytes, aligned to `granule`, or null.
+void* vmm_reserve(const DriverCall& call, std::size_t span, std::size_t granule) noexcept {
+  CUdeviceptr base = 0;
+  count_event(counters().driver_calls);
+  const CUresult rc = call.api().cuMemAddressReserve(&base, span, granule, 0, 0);
+  if (rc != CUDA_SUCCESS) {
+    counters().failed(kVmmFailed, rc, span);
+    return nullptr;
+  }
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(base));
+}
+
+void vmm_unreserve(void* p, std::size_t span) noexcept {
+  DriverCall call;
+  if (!call.ok()) return;  // the address space goes with the process
+  count_event(counters().driver_calls);
+  call.api().cuMemAddressFree(static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p)), span);
+}
+
 }  // namespace
+
+void set_pinned_commit(PinnedCommit how) noexcept {
+  g_route.store(how, std::memory_order_relaxed);
+}
+
+PinnedCommit pinned_commit() noexcept {
+  return g_route.load(std::memory_order_relaxed);
+}
 
 void CudaHostPinned::start_give_back() noexcept {
   if (g_give_back_thread.load(std::memory_order_relaxed) != 0) return;
   int expected = 0;
   if (!g_give_back_thread.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return;
-  // Refused: unused granules stay registered until their reservation goes.
+  // Refused: unused granules stay backed until their reservation goes.
   if (!Os::start_thread(&give_back_thread, nullptr)) g_give_back_thread.store(-1);
+}
+
+bool CudaHostPinned::reservation_zero() noexcept {
+  // Registration: anonymous memory, documented zero-filled (and given-back
+  // pages are discarded, so they read zero again). vmm: nothing documents
+  // it, so what the nvidia module says of the memory it allocates decides,
+  // as for cuMemHostAlloc.
+  return pinned_commit() == PinnedCommit::registration || fresh_memory_zero();
 }
 
 void* CudaHostPinned::reserve(std::size_t size) noexcept {
   const DriverApi* api = driver_api();
-  if (size == 0 || api == nullptr || api->cuMemHostRegister == nullptr ||
-      api->cuMemHostUnregister == nullptr) {
+  const bool vmm = pinned_commit() == PinnedCommit::vmm;
+  if (size == 0 || api == nullptr ||
+      (!vmm && (api->cuMemHostRegister == nullptr || api->cuMemHostUnregister == nullptr))) {
     return nullptr;
   }
   // Memory that no commit could back is no arena: without a usable device
   // (no context can be made current) reserve nothing, and the caller's
-  // cuMemHostAlloc reports why, as for every other backend. Nor where the
-  // device reaches registered memory only at an address of its own
-  // (cuMemHostGetDevicePointer): a program hands a kernel the pointer
-  // malloc gave it. CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM says which
-  // (cuMemHostRegister's documentation); unknown counts as no.
+  // cuMemHostAlloc reports why, as for every other backend.
+  std::size_t granule = kRegisterGranule;
+  std::size_t span = size;
+  void* p = nullptr;
+  int err = 0;
   {
     DriverCall call;
     if (!call.ok()) {
       counters().failed(kContextFailed, call.error(), size);
       return nullptr;
     }
-    int same_address = 0;
-    if (api->cuDeviceGetAttribute == nullptr ||
-        api->cuDeviceGetAttribute(&same_address,
-                                  CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
-                                  call.device()) != CUDA_SUCCESS ||
-        same_address != 1) {
-      return nullptr;
+    if (vmm) {
+      // Mapped at one address for the CPU and the device (unified
+      // addressing), which the vmm-host probe ran a kernel on.
+      granule = vmm_granule(call);
+      if (granule == 0) return nullptr;
+      span = (size + granule - 1) / granule * granule;
+      p = vmm_reserve(call, span, granule);
+      if (p == nullptr) return nullptr;
+    } else {
+      // Nor where the device reaches registered memory only at an address
+      // of its own (cuMemHostGetDevicePointer): a program hands a kernel the
+      // pointer malloc gave it. CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM says
+      // which (cuMemHostRegister's documentation); unknown counts as no.
+      int same_address = 0;
+      if (api->cuDeviceGetAttribute == nullptr ||
+          api->cuDeviceGetAttribute(&same_address,
+                                    CU_DEVICE_ATTRIBUTE_CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM,
+                                    call.device()) != CUDA_SUCCESS ||
+          same_address != 1) {
+        return nullptr;
+      }
     }
   }
   Reservation* slot = nullptr;
@@ -330,29 +511,46 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
       break;
     }
   }
-  if (slot == nullptr) return nullptr;
-  int err = 0;
-  void* p = Os::map_pages(size, &err);
-  const auto base = reinterpret_cast<std::uintptr_t>(p);
-  const std::uintptr_t first = base / kGranule * kGranule;
-  const std::size_t count = (base + size - first + kGranule - 1) / kGranule;
-  const std::size_t state_bytes =
-      (count * sizeof(std::atomic<std::uint32_t>) + Os::page_size() - 1) / Os::page_size() *
-      Os::page_size();
-  void* state = p == nullptr ? nullptr : Os::map_pages(state_bytes, &err);
+  if (slot == nullptr) {
+    if (vmm) vmm_unreserve(p, span);
+    return nullptr;
+  }
   // Registered pages in memory a child inherits copy-on-write would break
   // the registration at the parent's next write: never inherited (the fork
-  // copy gives a child its heap, fork_copy.cpp).
-  if (state == nullptr || !Os::exclude_from_fork(p, size, &err)) {
-    if (state != nullptr) Os::unmap_pages(state, state_bytes);
-    if (p != nullptr) Os::unmap_pages(p, size);
-    counters().failed(p == nullptr || state == nullptr ? kReserveFailed : kInheritable, err, size);
+  // copy gives a child its heap, fork_copy.cpp). vmm granules are marked
+  // one by one as they are mapped (vmm_back).
+  if (!vmm) {
+    p = Os::map_pages(size, &err);
+    if (p != nullptr && !Os::exclude_from_fork(p, size, &err)) {
+      Os::unmap_pages(p, size);
+      counters().failed(kInheritable, err, size);
+      slot->base.store(0, std::memory_order_release);
+      return nullptr;
+    }
+  }
+  const auto base = reinterpret_cast<std::uintptr_t>(p);
+  const std::uintptr_t first = base / granule * granule;
+  const std::size_t count = (base + span - first + granule - 1) / granule;
+  const std::size_t words = count * sizeof(std::atomic<Word>);
+  const std::size_t handles = vmm ? count * sizeof(CUmemGenericAllocationHandle) : 0;
+  const std::size_t state_bytes =
+      (words + handles + Os::page_size() - 1) / Os::page_size() * Os::page_size();
+  void* state = p == nullptr ? nullptr : Os::map_pages(state_bytes, &err);
+  if (state == nullptr) {
+    if (p != nullptr) vmm ? vmm_unreserve(p, span) : void(Os::unmap_pages(p, size));
+    counters().failed(kReserveFailed, err, size);
     slot->base.store(0, std::memory_order_release);
     return nullptr;
   }
   slot->size = size;
+  slot->span = span;
+  slot->granule = granule;
+  slot->vmm = vmm;
   slot->first_granule = first;
-  slot->granules = static_cast<std::atomic<std::uint32_t>*>(state);  // zero: nothing committed
+  slot->granules = static_cast<std::atomic<Word>*>(state);  // zero: nothing committed
+  slot->handles =
+      vmm ? reinterpret_cast<CUmemGenericAllocationHandle*>(static_cast<char*>(state) + words)
+          : nullptr;
   slot->state_bytes = state_bytes;
   slot->base.store(base, std::memory_order_release);
   count_event(counters().allocations);
@@ -366,18 +564,20 @@ bool CudaHostPinned::commit(void* ptr, std::size_t size, bool may_call_driver) n
   const std::uintptr_t hi = lo + size;
   // mimalloc commits whole ranges of which some chunks may be committed
   // already (and hold live data), so a failed commit must not clear any
-  // bit: first every granule is registered (or the commit fails having
-  // changed nothing), and marked in use (no longer idle), then the chunks
-  // are marked. A give-back pass that unregisters one of the granules in
+  // bit: first every granule is backed (or the commit fails having changed
+  // nothing), and marked in use (no longer idle), then the chunks are
+  // marked. A give-back pass that gives back one of the granules in
   // between (it would need two passes) makes the second loop fail: the
   // chunks marked by then stay marked, which only keeps their granules
-  // registered until mimalloc decommits them.
-  const std::uintptr_t first = lo / kGranule * kGranule;
-  for (std::uintptr_t g = first; g < hi; g += kGranule) {
+  // backed until mimalloc decommits them.
+  const std::uintptr_t first = lo / r->granule * r->granule;
+  for (std::uintptr_t g = first; g < hi; g += r->granule) {
     if (!add_bits(*r, g, 0, may_call_driver)) return false;
   }
-  for (std::uintptr_t g = first; g < hi; g += kGranule) {
-    if (!add_bits(*r, g, chunk_bits(g, lo, hi, /*liberal=*/true), may_call_driver)) return false;
+  for (std::uintptr_t g = first; g < hi; g += r->granule) {
+    if (!add_bits(*r, g, chunk_bits(*r, g, lo, hi, /*liberal=*/true), may_call_driver)) {
+      return false;
+    }
   }
   return true;
 }
@@ -387,8 +587,8 @@ void CudaHostPinned::decommit(void* ptr, std::size_t size) noexcept {
   Reservation* r = find(lo, size);
   if (r == nullptr) return;
   const std::uintptr_t hi = lo + size;
-  for (std::uintptr_t g = lo / kGranule * kGranule; g < hi; g += kGranule) {
-    if (const std::uint32_t bits = chunk_bits(g, lo, hi, /*liberal=*/false); bits != 0) {
+  for (std::uintptr_t g = lo / r->granule * r->granule; g < hi; g += r->granule) {
+    if (const Word bits = chunk_bits(*r, g, lo, hi, /*liberal=*/false); bits != 0) {
       drop_bits(*r, g, bits);
     }
   }
@@ -403,15 +603,19 @@ bool CudaHostPinned::release(void* ptr, std::size_t size) noexcept {
   TableGuard guard;
   const std::size_t count = granule_count(*r);
   for (std::size_t i = 0; i < count; ++i) {
-    const std::uintptr_t g = r->first_granule + i * kGranule;
-    if ((r->granules[i].load(std::memory_order_acquire) & kRegistered) == 0) continue;
+    const std::uintptr_t g = r->first_granule + i * r->granule;
+    if ((r->granules[i].load(std::memory_order_acquire) & kBacked) == 0) continue;
     std::uintptr_t start = 0;
     std::size_t span = 0;
     granule_span(*r, g, &start, &span);
-    driver_register(start, span, /*lock=*/false);
+    driver_back(*r, start, span, /*lock=*/false);
   }
   Os::unmap_pages(r->granules, r->state_bytes);
-  Os::unmap_pages(ptr, size);
+  if (r->vmm) {
+    vmm_unreserve(ptr, r->span);
+  } else {
+    Os::unmap_pages(ptr, size);
+  }
   r->base.store(0, std::memory_order_release);
   count_event(counters().deallocations);
   return true;

@@ -62,7 +62,7 @@ std::string metavar_of(const config::OptionInfo& info) {
   if (name == "FALLBACK") return "host|fail";
   if (name == "CONTEXT") return "primary|own";
   if (name == "ZEROED") return "auto|yes|no";
-  if (name == "PIN") return "arena|granule";
+  if (name == "PIN") return "arena|granule|vmm";
   switch (info.type) {
     case config::Type::boolean:
       return "";
@@ -90,7 +90,7 @@ std::string syntax_of(const config::OptionInfo& info) {
   if (name == "FALLBACK") return "host or fail";
   if (name == "CONTEXT") return "primary or own";
   if (name == "ZEROED") return "auto, yes or no";
-  if (name == "PIN") return "arena or granule";
+  if (name == "PIN") return "arena, granule or vmm";
   switch (info.type) {
     case config::Type::boolean:
       return "a boolean: 1/0, true/false, yes/no, on/off";

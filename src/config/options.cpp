@@ -75,10 +75,13 @@ constexpr OptionInfo kTable[kRowCount] = {
      "MNEMOSYNE_ZEROED=no"},
     {"PIN", Type::choice, "arena",
      "What the pinned backend page-locks: arena (each arena whole, as cuMemHostAlloc does: the "
-     "driver copies any block with cuMemcpy) or granule (only the 1 MiB granules in use, given "
-     "back when unused; kernels reach every block, but the driver refuses cuMemcpy of a block "
-     "that spans two granules, CUDA_ERROR_INVALID_VALUE).",
-     "MNEMOSYNE_PIN=granule"},
+     "driver copies any block with cuMemcpy), vmm (only the granules in use, 2 MiB on current "
+     "GPUs, host memory of the driver's virtual-memory API, given back when unused; the driver "
+     "copies any block; needs a CUDA 12.2 driver, else as arena) or granule (only the 1 MiB "
+     "granules in use, registered with cuMemHostRegister, given back when unused; kernels reach "
+     "every block, but the driver refuses cuMemcpy of a block that spans two granules, "
+     "CUDA_ERROR_INVALID_VALUE).",
+     "MNEMOSYNE_PIN=vmm"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -354,7 +357,8 @@ void Reader::apply(Row row, const Entry& e) noexcept {
              "auto, yes or no", &o.zeroed);
       return;
     case kPin:
-      choose(row, e, {"arena", "granule"}, {Pin::arena, Pin::granule}, "arena or granule", &o.pin);
+      choose(row, e, {"arena", "granule", "vmm"}, {Pin::arena, Pin::granule, Pin::vmm},
+             "arena, granule or vmm", &o.pin);
       return;
     case kVerbose:
     case kShowStats:

@@ -16,7 +16,7 @@ namespace mnemosyne::config {
 enum class Fallback : std::uint8_t { host, fail };
 enum class Context : std::uint8_t { primary, own };
 enum class Zeroed : std::uint8_t { automatic, yes, no };
-enum class Pin : std::uint8_t { arena, granule };
+enum class Pin : std::uint8_t { arena, granule, vmm };
 
 struct Options {
   bool disable = false;                    // DISABLE

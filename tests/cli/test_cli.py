@@ -215,7 +215,7 @@ class RunTests(Base):
             (["--fallback=maybe"], ["--fallback=maybe", "host or fail"]),
             (["--context=mine"], ["--context=mine", "primary or own"]),
             (["--zeroed=maybe"], ["--zeroed=maybe", "auto, yes or no"]),
-            (["--pin=page"], ["--pin=page", "arena or granule"]),
+            (["--pin=page"], ["--pin=page", "arena, granule or vmm"]),
             (["--verbose=perhaps"], ["--verbose=perhaps", "boolean"]),
             (["--stats-file="], ["--stats-file"]),
             (["--stats-file", "/nonexistent-dir/x.json"], ["/nonexistent-dir"]),

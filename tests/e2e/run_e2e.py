@@ -45,6 +45,9 @@ if not (readable_by_everyone(LIB) and readable_by_everyone(FAKE)):
 # E2E_DIRTY=1: the double hands out memory that is not zero (FAKECUDA_DIRTY),
 # as a driver that does not clear it would; every case must pass unchanged.
 DIRTY = os.environ.get("E2E_DIRTY") == "1"
+# E2E_PIN=vmm (or granule): every run under the interposer with that
+# MNEMOSYNE_PIN (a case's own setting wins).
+PIN = os.environ.get("E2E_PIN", "")
 PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
@@ -67,8 +70,10 @@ TIMEOUT = 240
 # log or the double's fault injection refuse to run (REAL_DRIVER_CASES).
 REAL = os.environ.get("E2E_REAL_DRIVER") == "1"
 # Pinned memory registered 1 MiB at a time, given back granule by granule;
-# by default each pinned arena is one cuMemHostAlloc, locked whole.
+# or host memory of the driver's virtual-memory API, 2 MiB at a time; by
+# default each pinned arena is one cuMemHostAlloc, locked whole.
 GRANULES = {"MNEMOSYNE_PIN": "granule"}
+VMM = {"MNEMOSYNE_PIN": "vmm"}
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
@@ -112,6 +117,8 @@ class Run:
             env["FAKECUDA_LOG"] = self.log
             if DIRTY:
                 env["FAKECUDA_DIRTY"] = "1"
+            if PIN:
+                env["MNEMOSYNE_PIN"] = PIN
             if REAL:
                 stats = tempfile.mkdtemp(prefix="stats-", dir=tmp)
                 env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats, "%p.json")
@@ -134,8 +141,11 @@ def parse_log(path):
             if len(parts) < 2:
                 continue
             # A registration (cuMemHostRegister) page-locks memory of our
-            # own for the driver: pinned memory, as an allocation is.
-            name = {"register": "alloc", "unregister": "free"}.get(parts[1], parts[1])
+            # own for the driver, a mapping of the virtual-memory API
+            # (cuMemMap) maps the driver's host memory: pinned memory, as an
+            # allocation is.
+            name = {"register": "alloc", "unregister": "free", "vmm-map": "alloc",
+                    "vmm-unmap": "free"}.get(parts[1], parts[1])
             event = {"pid": int(parts[0]), "event": name, "registered": name != parts[1]}
             for kv in parts[2:]:
                 if "=" in kv:
@@ -513,8 +523,11 @@ def case_fork_held_lock(tmp, backend):
     FILE lock (in the heap) before any atfork handler, so a child sharing its
     parent's heap pages would free the parent's lock. The double maps pinned
     memory as the nvidia module does (FAKECUDA_PINNED_SHARED: a shared
-    mapping a child inherits); mnemosyne marks it MADV_DONTFORK."""
+    mapping a child inherits); mnemosyne marks it MADV_DONTFORK. So are the
+    mappings of the virtual-memory API (MNEMOSYNE_PIN=vmm), always."""
     fork_case(tmp, backend, "held-lock", {"FAKECUDA_PINNED_SHARED": "1"})
+    if backend == "pinned":
+        fork_case(tmp, backend, "held-lock", VMM)
 
 
 def case_fork_patterns(tmp, backend):
@@ -1592,14 +1605,15 @@ print(check, len(small), peak, after, peak_rss, after_rss)
 """
 
 # Per backend: the phases to run, each the blocks it holds (size, count;
-# 2 GiB in all) and whether the backend's own bytes (bytes_backed) follow.
-# Pinned memory is registered granule by granule and given back after a
-# delay; host memory is the kernel's (its mapped bytes stay, its resident
+# 2 GiB in all), whether the backend's own bytes (bytes_backed) follow, and
+# the options of the run. Pinned memory is backed granule by granule
+# (registered, or mapped from the driver's virtual-memory API) and given
+# back after a delay; host memory is the kernel's (its mapped bytes stay, its resident
 # pages go); managed memory goes back only as whole driver allocations:
 # blocks above 16 MiB are each one, smaller ones lie in arenas, which go
 # back once no block of theirs is in use (the first one excepted).
-GIVE_BACK = {"pinned": [(1 << 20, 2048, True)], "host": [(1 << 20, 2048, False)],
-             "unified": [(64 << 20, 32, True)]}
+GIVE_BACK = {"pinned": [(1 << 20, 2048, True, GRANULES), (1 << 20, 2048, True, VMM)],
+             "host": [(1 << 20, 2048, False, None)], "unified": [(64 << 20, 32, True, None)]}
 
 
 def case_give_back(tmp, backend):
@@ -1607,8 +1621,8 @@ def case_give_back(tmp, backend):
     memory it held goes back (resident memory, and for CUDA backends the
     driver's bytes, drop below 10% of the peak), and the program runs on as
     before."""
-    for size, count, backed_follows in GIVE_BACK[backend]:
-        give_back_phase(tmp, backend, size, count, backed_follows)
+    for size, count, backed_follows, extra in GIVE_BACK[backend]:
+        give_back_phase(tmp, backend, size, count, backed_follows, extra)
     if backend == "unified":
         give_back_arenas(tmp, backend)
 
@@ -1654,8 +1668,8 @@ def give_back_arenas(tmp, backend):
           f"{after_rss >> 20} MiB 3 s after the frees")
 
 
-def give_back_phase(tmp, backend, size, count, backed_follows):
-    run = Run(tmp, backend, True, GRANULES if backend == "pinned" else None)
+def give_back_phase(tmp, backend, size, count, backed_follows, extra):
+    run = Run(tmp, backend, True, extra)
     r = run([PYTHON, "-c", PY_PHASES, backend, str(size), str(count)])
     expect(r.returncode == 0 and not fault_lines(r), f"python failed: {r.returncode} "
            f"{r.stderr[-800:]!r}")
@@ -1672,7 +1686,8 @@ def give_back_phase(tmp, backend, size, count, backed_follows):
         freed = sum(int(e["size"]) for e in events if e["event"] == "free")
         expect(freed >= peak - after - (64 << 20),
                f"the driver saw {freed >> 20} MiB given back, stats say {(peak - after) >> 20}")
-    print(f"give-back [{backend}, {count} x {size >> 20} MiB]: {peak >> 20} MiB backed, "
+    how = f", PIN={extra['MNEMOSYNE_PIN']}" if extra and "MNEMOSYNE_PIN" in extra else ""
+    print(f"give-back [{backend}{how}, {count} x {size >> 20} MiB]: {peak >> 20} MiB backed, "
           f"{peak_rss >> 20} MiB resident at the peak; {after >> 20} MiB and "
           f"{after_rss >> 20} MiB 3 s after the frees")
 
@@ -1681,7 +1696,7 @@ def case_give_back_refused(tmp, backend):
     """A driver that refuses to unregister (FAKECUDA_UNREGISTER_ERROR): the
     granules it keeps stay registered, and locked, with their pages, and the
     program runs on as before, reusing them, with nothing printed."""
-    size, count, _ = GIVE_BACK[backend][0]
+    size, count, _, _ = GIVE_BACK[backend][0]
     run = Run(tmp, backend, True, {"FAKECUDA_UNREGISTER_ERROR": "1", **GRANULES})
     r = run([PYTHON, "-c", PY_PHASES, backend, str(size), str(count)])
     expect(r.returncode == 0 and not r.stderr.strip(), f"python failed: {r.returncode} "

@@ -70,6 +70,10 @@ struct fakecuda_counters {
   uint64_t registered_bytes;    /* bytes registered now (state, not reset; in live_bytes too) */
   uint64_t discard_calls;       /* successful cuMemDiscardBatchAsync */
   uint64_t discard_bytes;       /* bytes they discarded */
+  uint64_t vmm_map_calls;       /* successful cuMemMap */
+  uint64_t vmm_unmap_calls;     /* successful cuMemUnmap */
+  uint64_t vmm_bytes;           /* bytes of cuMemCreate handles alive now (state, not reset;
+                                   in live_bytes too) */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

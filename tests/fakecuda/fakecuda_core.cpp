@@ -85,6 +85,7 @@ void read_config() noexcept {
   if (env_long("FAKECUDA_DIRTY", &v)) c.dirty = v != 0;
   if (env_long("FAKECUDA_PINNED_SHARED", &v)) c.pinned_shared = v != 0;
   if (env_long("FAKECUDA_HOST_POINTER_REGISTERED", &v)) c.host_pointer_registered = v != 0;
+  if (env_long("FAKECUDA_VMM_HOST", &v)) c.vmm_host = v != 0;
   g_config = c;
 
   if (env_long("FAKECUDA_FAIL_ALLOC_AFTER", &v)) {
@@ -496,7 +497,8 @@ FAKECUDA_API void fakecuda_reset_counters(void) {
                   &c.ctx_freed_blocks,  &c.pages_to_device, &c.cpu_migrations,
                   &c.dtoh_calls,        &c.dtoh_bytes,      &c.memset_calls,
                   &c.memset_bytes,      &c.register_calls,  &c.unregister_calls,
-                  &c.discard_calls,     &c.discard_bytes})
+                  &c.discard_calls,     &c.discard_bytes,   &c.vmm_map_calls,
+                  &c.vmm_unmap_calls})
     a->store(0);
   c.advise_last_device.store(-1);
   c.advise_last_advice.store(-1);
@@ -536,4 +538,7 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->registered_bytes = c.registered_bytes.load();
   out->discard_calls = c.discard_calls.load();
   out->discard_bytes = c.discard_bytes.load();
+  out->vmm_map_calls = c.vmm_map_calls.load();
+  out->vmm_unmap_calls = c.vmm_unmap_calls.load();
+  out->vmm_bytes = c.vmm_bytes.load();
 }

@@ -66,6 +66,9 @@ struct Counters {
   std::atomic<std::uint64_t> registered_bytes{0};
   std::atomic<std::uint64_t> discard_calls{0};
   std::atomic<std::uint64_t> discard_bytes{0};
+  std::atomic<std::uint64_t> vmm_map_calls{0};
+  std::atomic<std::uint64_t> vmm_unmap_calls{0};
+  std::atomic<std::uint64_t> vmm_bytes{0};
 };
 extern Counters g_counters;
 
@@ -85,6 +88,9 @@ struct Config {
   // FAKECUDA_HOST_POINTER_REGISTERED=0: devices that reach registered memory
   // only at another address (CAN_USE_HOST_POINTER_FOR_REGISTERED_MEM 0).
   int host_pointer_registered = 1;
+  // FAKECUDA_VMM_HOST=0: a driver before CUDA 12.2, whose virtual-memory API
+  // knows no host location (cuMemCreate and the granularity query refuse it).
+  bool vmm_host = true;
 };
 extern Config g_config;
 
@@ -147,8 +153,34 @@ Ctx* current_ctx() noexcept;
 bool ctx_valid(const Ctx* ctx) noexcept;
 bool ctx_usable(const Ctx* ctx) noexcept;
 
+// The fault-injection gates every allocation call passes (fakecuda_memory.cpp).
+CUresult admit(std::size_t size) noexcept;
+
 // Memory (fakecuda_memory.cpp). Lock held: frees every block of ctx.
 void free_ctx_blocks(const Ctx* ctx) noexcept;
+
+// The granularity of the double's virtual-memory API (fakecuda_vmm.cpp).
+inline constexpr std::size_t kVmmGranule = 2 * kMiB;
+
+// Mappings of the virtual-memory API (fakecuda_vmm.cpp) in the index of
+// blocks (fakecuda_memory.cpp), so that fakecuda_owns, copies and kernels
+// see them as pinned host memory. All lock held.
+struct VmmMapping {
+  std::uintptr_t addr;
+  std::size_t len;
+  std::uintptr_t reservation;  // the start of the reservation it lies in
+  void* handle;                // fakecuda_vmm.cpp's record of the allocation
+};
+// Records a mapping for ctx's device; false when the index cannot grow.
+bool vmm_index_add(const VmmMapping& m, const Ctx* ctx) noexcept;
+// The mapping that starts at addr, or false.
+bool vmm_index_find(std::uintptr_t addr, VmmMapping* out) noexcept;
+// Forgets the mapping that starts at addr.
+void vmm_index_remove(std::uintptr_t addr) noexcept;
+// Opens (or closes) the mapping at addr to the devices' kernels and copies.
+void vmm_index_set_device_access(std::uintptr_t addr, bool on) noexcept;
+// Whether any block or mapping overlaps [addr, addr + len).
+bool index_overlaps(std::uintptr_t addr, std::size_t len) noexcept;
 
 // Residency of managed memory (fakecuda_residency.cpp).
 // Lock held: moves the pages of [p, p + n) in the managed block

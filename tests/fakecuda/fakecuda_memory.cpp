@@ -22,6 +22,12 @@ struct Block {
   std::size_t map_len;  // mapped, page rounded
   int kind;
   bool registered = false;  // the caller's memory, registered (kHost), not ours to unmap
+  // A mapping of the virtual-memory API (kHost; fakecuda_vmm.cpp owns it):
+  // the start of its reservation, its allocation, and whether the devices
+  // were given access (cuMemSetAccess).
+  std::uintptr_t vmm_reservation = 0;
+  void* vmm_handle = nullptr;
+  bool device_access = false;
   unsigned flags;
   int device;
   const Ctx* ctx;
@@ -87,6 +93,11 @@ bool lies_in(const Block* b, std::uintptr_t p, std::size_t n) noexcept {
   return b != nullptr && n <= b->map_len - (p - b->addr);
 }
 
+// Whether a device may touch block b (a vmm mapping: once given access).
+bool device_reaches(const Block* b) noexcept {
+  return b->vmm_reservation == 0 || b->device_access;
+}
+
 // Whether every byte of [p, p + n) lies in some block, blocks that touch
 // end to end included: a device maps each allocation or registration at its
 // own address, so a kernel may run across neighbours (registered granules).
@@ -94,8 +105,26 @@ bool mapped_for_device(std::uintptr_t p, std::size_t n) noexcept {
   const std::uintptr_t end = p + n;
   while (p < end) {
     const Block* b = containing(p);
-    if (b == nullptr) return false;
+    if (b == nullptr || !device_reaches(b)) return false;
     if (lies_in(b, p, end - p)) return true;
+    p = b->addr + b->map_len;
+  }
+  return true;
+}
+
+// Whether the copy engine takes [p, p + n): it lies in one block, or in
+// mappings side by side in one reservation of the virtual-memory API, all
+// open to the device (an H200 copied across two: `gpu_probe vmm-host`).
+// Registrations side by side are separate ranges: refused, as on an H200.
+bool copyable(const Block* b, std::uintptr_t p, std::size_t n) noexcept {
+  if (b == nullptr || !device_reaches(b)) return false;
+  if (lies_in(b, p, n)) return true;
+  const std::uintptr_t reservation = b->vmm_reservation;
+  if (reservation == 0) return false;
+  const std::uintptr_t end = p + n;
+  while (p < end) {
+    b = containing(p);
+    if (b == nullptr || b->vmm_reservation != reservation || !device_reaches(b)) return false;
     p = b->addr + b->map_len;
   }
   return true;
@@ -137,17 +166,6 @@ bool index_insert(Block* b) noexcept {
 void index_remove(std::size_t i) noexcept {
   memmove(&g_blocks[i], &g_blocks[i + 1], (g_nblocks - i - 1) * sizeof(Block*));
   --g_nblocks;
-}
-
-// The fault-injection gates every allocation call passes.
-CUresult admit(std::size_t size) noexcept {
-  long seen = g_alloc_seen.fetch_add(1) + 1;
-  long after = g_fail_alloc_after.load();
-  if (after >= 0 && seen > after) return CUDA_ERROR_OUT_OF_MEMORY;
-  unsigned long long limit = g_mem_limit.load();
-  if (limit != 0 && g_counters.live_bytes.load() + size > limit) return CUDA_ERROR_OUT_OF_MEMORY;
-  if (size > kMaxAlloc) return CUDA_ERROR_OUT_OF_MEMORY;
-  return CUDA_SUCCESS;
 }
 
 // Maps len bytes at a 2 MiB aligned address that is not 32 MiB aligned.
@@ -219,6 +237,10 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
 void release(std::size_t i) noexcept {
   Block* b = g_blocks[i];
   index_remove(i);
+  if (b->vmm_reservation != 0) {  // the caller unmaps and accounts for it
+    free(b);
+    return;
+  }
   if (b->kind == kManaged) forget_device_range(b->addr);
   if (b->registered) {
     g_counters.registered_bytes.fetch_sub(b->size);
@@ -237,10 +259,68 @@ const Ctx* usable_current() noexcept {
 
 }  // namespace
 
+CUresult admit(std::size_t size) noexcept {
+  long seen = g_alloc_seen.fetch_add(1) + 1;
+  long after = g_fail_alloc_after.load();
+  if (after >= 0 && seen > after) return CUDA_ERROR_OUT_OF_MEMORY;
+  unsigned long long limit = g_mem_limit.load();
+  if (limit != 0 && g_counters.live_bytes.load() + size > limit) return CUDA_ERROR_OUT_OF_MEMORY;
+  if (size > kMaxAlloc) return CUDA_ERROR_OUT_OF_MEMORY;
+  return CUDA_SUCCESS;
+}
+
+bool vmm_index_add(const VmmMapping& m, const Ctx* ctx) noexcept {
+  auto* b = static_cast<Block*>(malloc(sizeof(Block)));
+  if (b == nullptr) return false;
+  *b = Block{.addr = m.addr,
+             .size = m.len,
+             .map_len = m.len,
+             .kind = kHost,
+             .vmm_reservation = m.reservation,
+             .vmm_handle = m.handle,
+             .flags = 0,
+             .device = ctx != nullptr ? ctx->device : 0,
+             .ctx = ctx};
+  if (!index_insert(b)) {
+    free(b);
+    return false;
+  }
+  return true;
+}
+
+bool vmm_index_find(std::uintptr_t addr, VmmMapping* out) noexcept {
+  const long i = index_le(addr);
+  if (i < 0 || g_blocks[i]->addr != addr || g_blocks[i]->vmm_reservation == 0) return false;
+  const Block* b = g_blocks[i];
+  *out = VmmMapping{b->addr, b->map_len, b->vmm_reservation, b->vmm_handle};
+  return true;
+}
+
+void vmm_index_remove(std::uintptr_t addr) noexcept {
+  const long i = index_le(addr);
+  if (i >= 0 && g_blocks[i]->addr == addr && g_blocks[i]->vmm_reservation != 0) {
+    release(std::size_t(i));
+  }
+}
+
+void vmm_index_set_device_access(std::uintptr_t addr, bool on) noexcept {
+  const long i = index_le(addr);
+  if (i >= 0 && g_blocks[i]->addr == addr && g_blocks[i]->vmm_reservation != 0) {
+    g_blocks[i]->device_access = on;
+  }
+}
+
+bool index_overlaps(std::uintptr_t addr, std::size_t len) noexcept {
+  const long i = index_le(addr + len - 1);
+  return i >= 0 && g_blocks[i]->addr + g_blocks[i]->map_len > addr;
+}
+
 void free_ctx_blocks(const Ctx* ctx) noexcept {
   for (std::size_t i = g_nblocks; i-- > 0;) {
     Block* b = g_blocks[i];
-    if (b->ctx != ctx) continue;
+    // Mappings of the virtual-memory API belong to their allocation, not
+    // to a context.
+    if (b->ctx != ctx || b->vmm_reservation != 0) continue;
     log_line("ctx-free kind=%s ptr=0x%llx size=%zu", kind_name(b->kind),
              static_cast<unsigned long long>(b->addr), b->size);
     g_counters.ctx_freed_blocks.fetch_add(1);
@@ -557,8 +637,8 @@ FAKECUDA_API CUresult cuMemcpyDtoH_v2(void* dstHost, CUdeviceptr srcDevice, size
   const Block* b = containing(src);
   if (usable_current() == nullptr) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (dstHost == nullptr || !lies_in(b, src, ByteCount)) {
-    rc = CUDA_ERROR_INVALID_VALUE;  // the source must lie in one block the driver handed out
+  } else if (dstHost == nullptr || !copyable(b, src, ByteCount)) {
+    rc = CUDA_ERROR_INVALID_VALUE;  // the source must lie in one range the driver handed out
     if (b == nullptr) {             // e.g. freed meanwhile: tests tell that race from a bad address
       log_line("dtoh-unknown ptr=0x%llx size=%zu", static_cast<unsigned long long>(src), ByteCount);
     }

@@ -2,6 +2,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <string.h>
 #include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +46,53 @@ void unmap(void* p, std::size_t len) noexcept {
 
 bool dont_fork(void* p, std::size_t len) noexcept {
   return madvise(p, len, MADV_DONTFORK) == 0;
+}
+
+int vmm_create(std::size_t len, int fill) noexcept {
+  const int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  if (ftruncate(fd, off_t(len)) != 0) {
+    close(fd);
+    return -1;
+  }
+  if (fill >= 0) {
+    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (m == MAP_FAILED) {
+      close(fd);
+      return -1;
+    }
+    memset(m, fill, len);
+    munmap(m, len);
+  }
+  return fd;
+}
+
+void vmm_close(int fd) noexcept {
+  close(fd);
+}
+
+void* vmm_reserve(std::size_t len, std::size_t align) noexcept {
+  const std::size_t span = len + align;
+  void* m = mmap(nullptr, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  const auto base = reinterpret_cast<std::uintptr_t>(m);
+  const std::uintptr_t a = (base + align - 1) / align * align;
+  if (a > base) munmap(m, a - base);
+  if (a + len < base + span) munmap(reinterpret_cast<void*>(a + len), base + span - (a + len));
+  return reinterpret_cast<void*>(a);
+}
+
+bool vmm_map(void* at, std::size_t len, int fd) noexcept {
+  return mmap(at, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+}
+
+bool vmm_protect(void* at, std::size_t len, bool read, bool write) noexcept {
+  return mprotect(at, len, (read ? PROT_READ : 0) | (write ? PROT_WRITE : 0)) == 0;
+}
+
+bool vmm_unmap(void* at, std::size_t len) noexcept {
+  return mmap(at, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) !=
+         MAP_FAILED;
 }
 
 LogHandle log_open(const char* path) noexcept {

@@ -659,6 +659,30 @@ const char* cpu_access(volatile int* p, std::size_t count) {
   return result;
 }
 
+// Whether [p, p + n) reads zero (yes, no), or "fault" when the CPU cannot read it.
+const char* fresh_zero(const unsigned char* p, std::size_t n) {
+  struct sigaction sa {};
+  struct sigaction old_segv {};
+  struct sigaction old_bus {};
+  sa.sa_handler = on_fault;
+  sigaction(SIGSEGV, &sa, &old_segv);
+  sigaction(SIGBUS, &sa, &old_bus);
+  const char* result = "yes";
+  if (sigsetjmp(g_fault_jump, 1) == 0) {
+    for (std::size_t i = 0; i < n; ++i) {
+      if (static_cast<const volatile unsigned char*>(p)[i] != 0) {
+        result = "no";
+        break;
+      }
+    }
+  } else {
+    result = "fault";
+  }
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  return result;
+}
+
 void vmm_location(const Vmm& v, CUfunction add, CUmemLocationType type, const char* name) {
   CUmemAllocationProp prop{};
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
@@ -717,6 +741,10 @@ void vmm_location(const Vmm& v, CUfunction add, CUmemLocationType type, const ch
     auto* p = reinterpret_cast<int*>(base);
     const std::size_t bytes = costs.size() * gmin;
     const unsigned count = static_cast<unsigned>(bytes / sizeof(int));
+    // What fresh memory of this kind holds, before anything wrote it
+    // (MNEMOSYNE_PIN=vmm takes it as zero only where the nvidia module says
+    // it clears the memory it allocates).
+    const char* fresh = fresh_zero(reinterpret_cast<const unsigned char*>(base), bytes);
     const char* cpu = cpu_access(p, count);
     const char* kernel = "not-run";
     const char* copy = "not-run";
@@ -766,9 +794,9 @@ void vmm_location(const Vmm& v, CUfunction add, CUmemLocationType type, const ch
       dontfork = madvise(p, bytes, MADV_DONTFORK) == 0 ? 0 : errno;
     }
     std::printf(
-        "vmm location=%s cpu=%s kernel=%s copy_spanning=%s htod_spanning=%s vmflags=%s "
-        "child=%s child_write=%s dontfork_errno=%d\n",
-        name, cpu, kernel, copy, htod, flags.c_str(), child, child_write, dontfork);
+        "vmm location=%s fresh_zero=%s cpu=%s kernel=%s copy_spanning=%s htod_spanning=%s "
+        "vmflags=%s child=%s child_write=%s dontfork_errno=%d\n",
+        name, fresh, cpu, kernel, copy, htod, flags.c_str(), child, child_write, dontfork);
   }
   for (int i = 0; i < mapped; ++i) v.unmap(base + i * gmin, gmin);
   for (int i = 0; i < created; ++i) v.release(handles[i]);

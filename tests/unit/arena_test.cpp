@@ -9,6 +9,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
@@ -29,6 +30,7 @@
 
 #include "arena/arena.hpp"
 #include "arena/ownership_map.hpp"
+#include "backend/backends.hpp"
 #include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/loader.hpp"
@@ -594,6 +596,100 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
     EXPECT_GE(fc.register_calls, std::uint64_t{kThreads});
     EXPECT_EQ(fc.alloc_host, 0u) << "an arena came from cuMemHostAlloc";
     EXPECT_EQ(backend_counters(BackendId::pinned).bytes_live.load(), fc.registered_bytes);
+  });
+}
+
+// Under MNEMOSYNE_PIN=vmm the granules are host memory of the driver's
+// virtual-memory API (2 MiB over the double): 64 threads holding 64 bytes
+// each have about one granule each mapped; memory not known zero (dirty
+// here, and nothing says it is zero) is cleared where calloc promises
+// zeros; each granule is kept from a forked child; nothing is registered
+// and no arena comes from cuMemHostAlloc.
+TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_DIRTY", "1");
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;
+    set_pinned_commit(PinnedCommit::vmm);  // MNEMOSYNE_PIN=vmm
+    ASSERT_TRUE(start_arena(cfg));
+    constexpr int kThreads = 64;
+    void* blocks[kThreads] = {};
+    std::vector<std::thread> threads;
+    std::atomic<int> ready{0};
+    std::atomic<bool> done{false};
+    for (int i = 0; i < kThreads; ++i) {
+      threads.emplace_back([&, i] {
+        blocks[i] = arena::alloc_zeroed(64);
+        ready.fetch_add(1);
+        while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        release(blocks[i]);
+      });
+    }
+    while (ready.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    const fakecuda_counters fc = fake->counters();
+    std::set<std::uintptr_t> segments;
+    for (void* p : blocks) {
+      ASSERT_NE(p, nullptr);
+      EXPECT_NE(owner_tag(p) & kOwnerOnDemand, 0);
+      EXPECT_EQ(fake->owns(p), 2) << "a pinned block outside the driver's host memory";
+      EXPECT_TRUE(all_zero(p, 64)) << "calloc on memory the driver did not clear";
+      segments.insert(reinterpret_cast<std::uintptr_t>(p) >> kSegmentShift);
+    }
+    done.store(true);
+    for (auto& t : threads) t.join();
+    EXPECT_GE(segments.size(), std::size_t{kThreads / 2}) << "threads share segments";
+    EXPECT_LE(fc.vmm_bytes, std::uint64_t{kThreads + 8} * 2 * kMiB);
+    EXPECT_GE(fc.vmm_map_calls, std::uint64_t{kThreads});
+    EXPECT_EQ(fc.register_calls, 0u);
+    EXPECT_EQ(fc.alloc_host, 0u) << "an arena came from cuMemHostAlloc";
+    EXPECT_EQ(backend_counters(BackendId::pinned).bytes_live.load(), fc.vmm_bytes);
+    // A child of fork() without the fork copy must not see the mappings:
+    // they are shared mappings, which it would write through.
+    auto* probe = static_cast<unsigned char*>(arena::alloc(100));
+    ASSERT_NE(probe, nullptr);
+    probe[0] = 7;
+    const pid_t pid = fork();
+    if (pid == 0) {
+      // Without the interposer's fork copy the page is missing in the
+      // child (the write faults) or a copy of its own: never the parent's.
+      struct sigaction sa {};
+      sa.sa_handler = [](int) { _exit(0); };
+      sigaction(SIGSEGV, &sa, nullptr);
+      sigaction(SIGBUS, &sa, nullptr);
+      *static_cast<volatile unsigned char*>(probe) = 9;
+      _exit(0);
+    }
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    EXPECT_EQ(probe[0], 7) << "the child's write reached the parent";
+    release(probe);
+  });
+}
+
+// A driver whose virtual-memory API knows no host location (before CUDA
+// 12.2): PIN=vmm falls back to arenas from cuMemHostAlloc, locked whole,
+// which the driver copies whole; nothing is registered in granules.
+TEST(Arena, PinnedVmmWithoutHostLocationsLocksArenasWhole) {
+  IN_FRESH_PROCESS({
+    test::set_env("FAKECUDA_VMM_HOST", "0");
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;
+    set_pinned_commit(PinnedCommit::vmm);
+    ASSERT_TRUE(start_arena(cfg));
+    void* p = arena::alloc(64);
+    ASSERT_NE(p, nullptr);
+    EXPECT_EQ(owner_tag(p) & kOwnerOnDemand, 0);
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    EXPECT_EQ(fake->owns(p), 2);
+    const fakecuda_counters fc = fake->counters();
+    EXPECT_GE(fc.alloc_host, 1u);
+    EXPECT_EQ(fc.register_calls, 0u);
+    EXPECT_EQ(fc.vmm_map_calls, 0u);
+    release(p);
   });
 }
 

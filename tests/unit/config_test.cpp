@@ -511,11 +511,13 @@ TEST(ConfigRead, PinChoices) {
   EXPECT_EQ(read({}).pin, Pin::arena);
   EXPECT_EQ(read({"MNEMOSYNE_PIN=arena"}).pin, Pin::arena);
   EXPECT_EQ(read({"MNEMOSYNE_PIN=Granule"}).pin, Pin::granule);
+  EXPECT_EQ(read({"MNEMOSYNE_PIN=vmm"}).pin, Pin::vmm);
   EXPECT_TRUE(g_lines.empty());
   EXPECT_EQ(read({"MNEMOSYNE_PIN=page"}).pin, Pin::arena);
   ASSERT_EQ(g_lines.size(), 1u);
-  EXPECT_EQ(g_lines[0],
-            "mnemosyne: MNEMOSYNE_PIN=page is not arena or granule; using the default (arena)");
+  EXPECT_EQ(
+      g_lines[0],
+      "mnemosyne: MNEMOSYNE_PIN=page is not arena, granule or vmm; using the default (arena)");
 }
 
 TEST(ConfigRead, EmptyBooleanMeansOn) {
