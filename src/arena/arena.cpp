@@ -382,6 +382,11 @@ static int os_hook(void* start, std::size_t size, int op) {
   return r;
 }
 
+// The walks of mimalloc-live.h ask before reading an arena block's header.
+static int readable_hook(const void* start, std::size_t size) {
+  return segment_readable(start, size) ? 1 : 0;
+}
+
 bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.cfg = cfg;
   g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
@@ -418,6 +423,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   }
   mnemosyne_mi_set_huge_clear(&clear_huge_block);
   mnemosyne_mi_set_os_hook(&os_hook);
+  mnemosyne_mi_set_readable_hook(&readable_hook);
   install_retire_hook();
   mi_process_init();
 
@@ -569,6 +575,9 @@ void stats(Stats* out) noexcept {
 void usage(Usage* out) noexcept {
   *out = Usage{};
   SpinGuard guard(g_state.table.lock());
+  // The walks read segment headers: nothing they may read is given back
+  // meanwhile (pinned granules under PIN=vmm).
+  hold_backing(true);
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];
@@ -582,6 +591,7 @@ void usage(Usage* out) noexcept {
       out->arena_in_use += mnemosyne_mi_arena_in_use(e.segment.start);
     }
   }
+  hold_backing(false);
 }
 
 }  // namespace mnemosyne::arena

@@ -302,10 +302,15 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
   // are VM_MIXEDMAP, "mm" in smaps on an H200) is not documented, and a
   // kernel's writes map no page for the CPU: read too. Pages that read as
   // zero stay out of the image.
+  // Parts of a reservation not backed now hold nothing, and may not be read
+  // (the driver's inaccessible address space under PIN=vmm).
   const std::size_t page = Os::page_size();
   auto* base = static_cast<const unsigned char*>(pass.shadow->target);
+  const bool all_readable = segment_readable(base + first * page, count * page);
   for (std::size_t i = first; i < first + count; ++i) {
-    if (early_copied(*pass.shadow, i) || is_zero(base + i * page, page)) continue;
+    if (early_copied(*pass.shadow, i)) continue;
+    if (!all_readable && !segment_readable(base + i * page, page)) continue;
+    if (is_zero(base + i * page, page)) continue;
     put(pass, base + i * page, base + i * page, page);
   }
 }
@@ -482,6 +487,8 @@ void prepare_fork() noexcept {
   // meanwhile (retire.cpp) is skipped, one freed during the walk is not
   // discarded until the fork is over.
   g_state.fork_readers.fetch_add(1, std::memory_order_seq_cst);
+  // Nor is backing given up under what it reads (pinned granules, PIN=vmm).
+  hold_backing(true);
   g_parent_pid = getpid();
   g_shadow_count = 0;
   g_missing_count = 0;
@@ -515,6 +522,7 @@ void prepare_fork() noexcept {
 }
 
 void parent_after_fork() noexcept {
+  hold_backing(false);
   g_state.fork_readers.fetch_sub(1, std::memory_order_seq_cst);
   g_child_state.store(kIdle, std::memory_order_release);
   g_shadow_count = 0;

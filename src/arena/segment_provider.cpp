@@ -190,6 +190,28 @@ bool commit_pending(bool* pending) noexcept {
   return true;
 }
 
+bool segment_readable(const void* start, std::size_t size) noexcept {
+  const std::uint8_t tag = owner_tag(start);
+  // Memory committed whole, or a forked child's copies (fork_copy.cpp: mapped
+  // whole): readable.
+  if ((tag & kOwnerOnDemand) == 0 || g_forked_child.load(std::memory_order_relaxed)) return true;
+  return with_backend(owner_backend(tag), [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      return B::readable(start, size);
+    } else {
+      return true;
+    }
+  });
+}
+
+void hold_backing(bool on) noexcept {
+  for (const BackendId id : {BackendId::pinned, BackendId::host}) {
+    with_backend(id, [&]<MemoryBackend B>() {
+      if constexpr (B::commits_on_demand) B::hold_backing(on);
+    });
+  }
+}
+
 void provider_enter_forked_child() noexcept {
   g_forked_child.store(true, std::memory_order_relaxed);
 }

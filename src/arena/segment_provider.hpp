@@ -73,6 +73,15 @@ bool discard_memory(BackendId backend, void* ptr, std::size_t size) noexcept;
 // unmapped instead: the driver is never called there.
 void release_segment(const Segment& segment) noexcept;
 
+// Whether [start, start + size) of a segment may be read now: false for
+// parts of a reservation its backend has not backed, where reading could
+// fault (MemoryBackend's readable). mimalloc's walks ask first
+// (mnemosyne_mi_set_readable_hook); the fork copy too.
+bool segment_readable(const void* start, std::size_t size) noexcept;
+// While held (by one or more walks over the heap), what segment_readable
+// says is readable stays backed: the backends give nothing back meanwhile.
+void hold_backing(bool on) noexcept;
+
 // Called in a forked child: from now on release_segment never calls a driver.
 void provider_enter_forked_child() noexcept;
 

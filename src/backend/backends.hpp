@@ -129,6 +129,11 @@ struct CudaHostPinned : CpuMemory {
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept;
   static void start_give_back() noexcept;
+  // Registration: always (anonymous memory). vmm: where the granules are
+  // mapped; the rest of the reservation is the driver's inaccessible
+  // address space.
+  static bool readable(const void* ptr, std::size_t size) noexcept;
+  static void hold_backing(bool on) noexcept;
   static void clear(void* ptr, std::size_t size) noexcept;
   static AllocationRegistry& registry() noexcept;
 };
@@ -158,6 +163,8 @@ struct Host : CpuMemory {
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept { return deallocate(ptr, size); }
   static void start_give_back() noexcept {}
+  static bool readable(const void*, std::size_t) noexcept { return true; }
+  static void hold_backing(bool) noexcept {}
 };
 
 static_assert(MemoryBackend<CudaUnified>);

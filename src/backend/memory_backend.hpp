@@ -73,6 +73,14 @@ bool > &&
       noexcept->std::same_as<bool>;
       { B::start_give_back() }
       noexcept->std::same_as<void>;
+      // Whether [ptr, ptr + size) of a reservation may be read now (it is
+      // backed, or reads zero unbacked). Once hold_backing(true) is in
+      // place, what was readable stays so until hold_backing(false): walks
+      // over the heap (mallinfo, the fork copy) read between the two.
+      { B::readable(ptr, size) }
+      noexcept->std::same_as<bool>;
+      { B::hold_backing(true) }
+      noexcept->std::same_as<void>;
     });
 
 }  // namespace mnemosyne

@@ -111,6 +111,11 @@ constinit std::atomic<std::uint32_t> g_idle_events{0};
 constinit std::atomic<bool> g_give_back_sleeping{false};
 // The give-back thread: 0 not started, 1 started, -1 the OS refused.
 constinit std::atomic<int> g_give_back_thread{0};
+// Walks over the heap reading it now (hold_backing): a give-back pass gives
+// no granule back meanwhile. With the granule's busy mark, sequentially
+// consistent on both sides: either the pass sees the reader and keeps the
+// granule, or the reader sees the granule busy and does not read it.
+constinit std::atomic<int> g_readers{0};
 // A give-back pass and release() exclude each other: release unmaps the
 // granule words a pass reads. Held across driver calls only by those two,
 // neither of which a malloc waits for.
@@ -352,7 +357,12 @@ bool give_back_pass() noexcept {
         continue;
       }
       if (s != (kBacked | kIdle)) continue;
-      if (!w.compare_exchange_strong(s, kBacked | kBusy, std::memory_order_acq_rel)) {
+      if (!w.compare_exchange_strong(s, kBacked | kBusy, std::memory_order_seq_cst)) {
+        marked = true;
+        continue;
+      }
+      if (g_readers.load(std::memory_order_seq_cst) != 0) {  // a walk may be reading it
+        w.store(kBacked | kIdle, std::memory_order_release);
         marked = true;
         continue;
       }
@@ -450,6 +460,27 @@ void CudaHostPinned::start_give_back() noexcept {
   if (!g_give_back_thread.compare_exchange_strong(expected, 1, std::memory_order_acq_rel)) return;
   // Refused: unused granules stay backed until their reservation goes.
   if (!Os::start_thread(&give_back_thread, nullptr)) g_give_back_thread.store(-1);
+}
+
+void CudaHostPinned::hold_backing(bool on) noexcept {
+  if (on) {
+    g_readers.fetch_add(1, std::memory_order_seq_cst);
+  } else {
+    g_readers.fetch_sub(1, std::memory_order_seq_cst);
+  }
+}
+
+bool CudaHostPinned::readable(const void* ptr, std::size_t size) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(lo, size);
+  // Not a reservation (cuMemHostAlloc memory is mapped whole), or anonymous
+  // memory, which reads zero where nothing is registered.
+  if (r == nullptr || !r->vmm || size == 0) return true;
+  for (std::uintptr_t g = lo / r->granule * r->granule; g < lo + size; g += r->granule) {
+    const Word s = word(*r, g).load(std::memory_order_seq_cst);
+    if ((s & kBacked) == 0 || (s & kBusy) != 0) return false;
+  }
+  return true;
 }
 
 bool CudaHostPinned::reservation_zero() noexcept {

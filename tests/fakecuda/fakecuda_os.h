@@ -39,17 +39,19 @@ void unmap(void* p, std::size_t len) noexcept;
 bool dont_fork(void* p, std::size_t len) noexcept;
 
 // The virtual-memory API's pieces (Linux; on Windows each fails, and the
-// double's API refuses host memory). A physical allocation: a memory file
-// of len bytes, every byte `fill` (-1: left zero); -1 on failure.
-int vmm_create(std::size_t len, int fill) noexcept;
-void vmm_close(int fd) noexcept;
+// double's API refuses host memory). A physical allocation: shared
+// anonymous memory of len bytes (the driver's own view of it, not
+// inherited by a child), every byte `fill` (-1: left zero); nullptr on
+// failure. Not a file: the program's RLIMIT_FSIZE must not apply.
+void* vmm_create(std::size_t len, int fill) noexcept;
+void vmm_close(void* memory, std::size_t len) noexcept;
 // Address space of len bytes aligned to align, inaccessible; nullptr on
 // failure (release with unmap).
 void* vmm_reserve(std::size_t len, std::size_t align) noexcept;
-// Maps the allocation fd at `at` inside a reservation, shared (as nvidia's
-// mappings are: a forked child inherits them unless marked MADV_DONTFORK)
-// and inaccessible until vmm_protect.
-bool vmm_map(void* at, std::size_t len, int fd) noexcept;
+// Maps the allocation `memory` at `at` inside a reservation, shared (as
+// nvidia's mappings are: a forked child inherits them unless marked
+// MADV_DONTFORK) and inaccessible until vmm_protect.
+bool vmm_map(void* at, std::size_t len, void* memory) noexcept;
 // Opens a mapping to the CPU: read and write, read only, or nothing.
 bool vmm_protect(void* at, std::size_t len, bool read, bool write) noexcept;
 // Puts reserved, inaccessible address space back in place of a mapping.

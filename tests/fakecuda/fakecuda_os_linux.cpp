@@ -48,27 +48,19 @@ bool dont_fork(void* p, std::size_t len) noexcept {
   return madvise(p, len, MADV_DONTFORK) == 0;
 }
 
-int vmm_create(std::size_t len, int fill) noexcept {
-  const int fd = memfd_create("fakecuda-vmm", MFD_CLOEXEC);
-  if (fd < 0) return -1;
-  if (ftruncate(fd, off_t(len)) != 0) {
-    close(fd);
-    return -1;
-  }
-  if (fill >= 0) {
-    void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    if (m == MAP_FAILED) {
-      close(fd);
-      return -1;
-    }
-    memset(m, fill, len);
+void* vmm_create(std::size_t len, int fill) noexcept {
+  void* m = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  if (madvise(m, len, MADV_DONTFORK) != 0) {
     munmap(m, len);
+    return nullptr;
   }
-  return fd;
+  if (fill >= 0) memset(m, fill, len);
+  return m;
 }
 
-void vmm_close(int fd) noexcept {
-  close(fd);
+void vmm_close(void* memory, std::size_t len) noexcept {
+  munmap(memory, len);
 }
 
 void* vmm_reserve(std::size_t len, std::size_t align) noexcept {
@@ -82,8 +74,17 @@ void* vmm_reserve(std::size_t len, std::size_t align) noexcept {
   return reinterpret_cast<void*>(a);
 }
 
-bool vmm_map(void* at, std::size_t len, int fd) noexcept {
-  return mmap(at, len, PROT_NONE, MAP_SHARED | MAP_FIXED, fd, 0) != MAP_FAILED;
+// mremap with an old size of 0 maps the same pages of a shared mapping
+// again. The copy inherits the original's MADV_DONTFORK, which the
+// driver's mappings lack: cleared.
+bool vmm_map(void* at, std::size_t len, void* memory) noexcept {
+  void* m = mremap(memory, 0, len, MREMAP_MAYMOVE | MREMAP_FIXED, at);
+  if (m == MAP_FAILED) return false;
+  if (madvise(m, len, MADV_DOFORK) != 0 || mprotect(m, len, PROT_NONE) != 0) {
+    vmm_unmap(m, len);
+    return false;
+  }
+  return true;
 }
 
 bool vmm_protect(void* at, std::size_t len, bool read, bool write) noexcept {

@@ -136,14 +136,14 @@ bool start_thread(void* (*fn)(void*)) noexcept {
 void at_fork(void (*)(), void (*)(), void (*)()) noexcept {}
 
 // The virtual-memory API's host memory is not modelled on Windows.
-int vmm_create(std::size_t, int) noexcept {
-  return -1;
+void* vmm_create(std::size_t, int) noexcept {
+  return nullptr;
 }
-void vmm_close(int) noexcept {}
+void vmm_close(void*, std::size_t) noexcept {}
 void* vmm_reserve(std::size_t, std::size_t) noexcept {
   return nullptr;
 }
-bool vmm_map(void*, std::size_t, int) noexcept {
+bool vmm_map(void*, std::size_t, void*) noexcept {
   return false;
 }
 bool vmm_protect(void*, std::size_t, bool, bool) noexcept {

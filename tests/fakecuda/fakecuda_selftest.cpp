@@ -133,6 +133,14 @@ struct Api {
   PFN_cuStreamDestroy_v4000 cuStreamDestroy = nullptr;
   PFN_cuMemsetD8Async_v3020 cuMemsetD8Async = nullptr;
   PFN_cuMemDiscardBatchAsync_v13000 cuMemDiscardBatchAsync = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 cuMemGetAllocationGranularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 cuMemAddressReserve = nullptr;
+  PFN_cuMemAddressFree_v10020 cuMemAddressFree = nullptr;
+  PFN_cuMemCreate_v10020 cuMemCreate = nullptr;
+  PFN_cuMemRelease_v10020 cuMemRelease = nullptr;
+  PFN_cuMemMap_v10020 cuMemMap = nullptr;
+  PFN_cuMemUnmap_v10020 cuMemUnmap = nullptr;
+  PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
 
   fakecuda_counters counters() const {
     fakecuda_counters c{};
@@ -175,6 +183,14 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "cuStreamDestroy_v2", &api->cuStreamDestroy);
   resolve(h, "cuMemsetD8Async", &api->cuMemsetD8Async);
   resolve(h, "cuMemDiscardBatchAsync", &api->cuMemDiscardBatchAsync);
+  resolve(h, "cuMemGetAllocationGranularity", &api->cuMemGetAllocationGranularity);
+  resolve(h, "cuMemAddressReserve", &api->cuMemAddressReserve);
+  resolve(h, "cuMemAddressFree", &api->cuMemAddressFree);
+  resolve(h, "cuMemCreate", &api->cuMemCreate);
+  resolve(h, "cuMemRelease", &api->cuMemRelease);
+  resolve(h, "cuMemMap", &api->cuMemMap);
+  resolve(h, "cuMemUnmap", &api->cuMemUnmap);
+  resolve(h, "cuMemSetAccess", &api->cuMemSetAccess);
   resolve(h, "cuDevicePrimaryCtxRetain", &api->cuDevicePrimaryCtxRetain);
   resolve(h, "cuDevicePrimaryCtxRelease_v2", &api->cuDevicePrimaryCtxRelease);
   resolve(h, "cuCtxPushCurrent_v2", &api->cuCtxPushCurrent);
@@ -1026,6 +1042,93 @@ void check_streams_and_memset(Api& a) {
 
 }  // namespace
 
+#if !defined(_WIN32)
+// The virtual-memory API with host memory, as an H200 showed it (gpu_probe
+// vmm-host): 2 MiB granules mapped side by side in one reservation are one
+// range for copies (two reservations are not); the CPU reaches a mapping
+// only once given access; a forked child shares the mapping's pages; what
+// is still mapped keeps its reservation; releases free the memory once
+// unmapped; FAKECUDA_DIRTY applies (checked by the e2e cases).
+void check_vmm(Api& a) {
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_HOST;
+  size_t g = 0;
+  CHECK_RC(a.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           CUDA_SUCCESS);
+  CHECK(g == 2 * kMiB);
+  const fakecuda_counters before = a.counters();
+  CUdeviceptr base = 0;
+  CUdeviceptr other = 0;
+  CHECK_RC(a.cuMemAddressReserve(&base, 3 * g, g, 0, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAddressReserve(&other, g, g, 0, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAddressReserve(&other, g + 4096, g, 0, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK(base % g == 0);
+  CUmemGenericAllocationHandle h[3] = {};
+  for (auto& x : h) CHECK_RC(a.cuMemCreate(&x, g, &prop, 0), CUDA_SUCCESS);
+  CHECK(a.counters().vmm_bytes == before.vmm_bytes + 3 * g);
+  CHECK_RC(a.cuMemMap(base, g, 0, h[0], 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemMap(base + g, g, 0, h[1], 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemMap(base, g, 0, h[2], 0), CUDA_ERROR_ALREADY_MAPPED);
+  CHECK_RC(a.cuMemMap(other, g, 0, h[2], 0), CUDA_SUCCESS);
+  CUmemAccessDesc access[2] = {};
+  access[0].location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  access[0].location.id = 0;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  access[1].location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+  access[1].location.id = 0;
+  access[1].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  // Before cuMemSetAccess the CPU has no access: a child touching it dies.
+  auto* p = reinterpret_cast<unsigned char*>(base);
+  pid_t pid = fork();
+  if (pid == 0) {
+    p[0] = 1;
+    _exit(0);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV);
+  CHECK_RC(a.cuMemSetAccess(base, 2 * g, access, 2), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemSetAccess(other, g, access, 2), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemSetAccess(base + 2 * g, g, access, 2), CUDA_ERROR_INVALID_VALUE);  // unmapped
+  for (size_t i = 0; i < 2 * g; i += 4096) CHECK(p[i] == 0);
+  memset(p, 0x5a, 2 * g);
+  CHECK(a.owns(p + g) == 2);
+  // A copy across the two mappings of one reservation: taken. Across two
+  // reservations (other may lie anywhere): one range each only.
+  static unsigned char out[8192];
+  CHECK_RC(a.cuMemcpyDtoH(out, base + g - 4096, 8192), CUDA_SUCCESS);
+  CHECK(out[0] == 0x5a && out[8191] == 0x5a);
+  CHECK_RC(a.cuMemcpyDtoH(out, other + g - 4096, 8192), CUDA_ERROR_INVALID_VALUE);
+  // Shared: a child's write reaches the parent, until MADV_DONTFORK.
+  pid = fork();
+  if (pid == 0) {
+    p[0] = 7;
+    _exit(0);
+  }
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status) && p[0] == 7);
+  CHECK(madvise(p, 2 * g, MADV_DONTFORK) == 0);
+  // Still mapped: the reservation cannot be freed; an unmap names whole mappings.
+  CHECK_RC(a.cuMemAddressFree(base, 3 * g), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemUnmap(base, g / 2), CUDA_ERROR_INVALID_VALUE);
+  for (auto& x : h) CHECK_RC(a.cuMemRelease(x), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemRelease(h[0]), CUDA_ERROR_INVALID_VALUE);
+  CHECK(a.counters().vmm_bytes == before.vmm_bytes + 3 * g);  // still mapped
+  CHECK_RC(a.cuMemUnmap(base, 2 * g), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemUnmap(other, g), CUDA_SUCCESS);
+  CHECK(a.counters().vmm_bytes == before.vmm_bytes);
+  CHECK(a.owns(p) == 0);
+  CHECK_RC(a.cuMemAddressFree(base, 3 * g), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemAddressFree(other, g), CUDA_SUCCESS);
+  // Device memory is not modelled; a driver before CUDA 12.2 knows no host
+  // location (FAKECUDA_VMM_HOST=0, checked by the arena's tests).
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  CHECK_RC(a.cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM),
+           CUDA_ERROR_NOT_SUPPORTED);
+}
+#endif
+
 int main(int argc, char** argv) {
   if (argc == 3 && strcmp(argv[1], "--env-faults") == 0) return run_env_faults(argv[2]);
   if (argc == 3 && strcmp(argv[1], "--env-nodev") == 0) return run_env_nodev(argv[2]);
@@ -1083,6 +1186,7 @@ int main(int argc, char** argv) {
   check_streams_and_memset(a);
 #if !defined(_WIN32)
   check_fork(a, blocks);
+  check_vmm(a);
 #endif
   check_threads(a, primary);
   CHECK_RC(a.cuMemFree(blocks.managed), CUDA_SUCCESS);

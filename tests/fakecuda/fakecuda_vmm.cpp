@@ -4,13 +4,14 @@
 // cuMemSetAccess.
 //
 // As on the driver an H200 ran (`gpu_probe vmm-host`): the granularity is
-// 2 MiB; an allocation is memory of its own (here a memory file) that a
+// 2 MiB; an allocation is memory of its own that a
 // mapping shows at an address of a reservation, as a shared mapping a
 // forked child inherits and writes through unless it is marked
 // MADV_DONTFORK; the CPU reaches a mapping only once cuMemSetAccess opened
 // it to a host location, and the devices only once it named them; copies
 // and kernels run across mappings side by side in one reservation
-// (fakecuda_memory.cpp, copyable). With FAKECUDA_DIRTY fresh allocations
+// (fakecuda_memory.cpp, copyable). An allocation is shared anonymous memory
+// (not a file, which the program's RLIMIT_FSIZE would limit). With FAKECUDA_DIRTY fresh allocations
 // read 0xa5, as no documentation promises they read zero. Stricter than
 // the driver where that catches mistakes: a mapping covers a whole
 // allocation (offset 0), a reservation is freed only once nothing is mapped
@@ -28,7 +29,7 @@ constexpr std::uint64_t kHandleMagic = 0x6d6e656d6f566d6dull;  // "mnemoVmm"
 // An allocation of cuMemCreate; the handle given out is its address.
 struct Allocation {
   std::uint64_t magic;
-  int fd;
+  void* memory;  // the double's own view of it (os::vmm_create)
   std::size_t size;
   int maps;       // mappings alive
   bool released;  // cuMemRelease called: gone once unmapped
@@ -64,7 +65,7 @@ void maybe_free(Allocation* a) noexcept {
       break;
     }
   }
-  os::vmm_close(a->fd);
+  os::vmm_close(a->memory, a->size);
   g_counters.live_bytes.fetch_sub(a->size);
   g_counters.vmm_bytes.fetch_sub(a->size);
   a->magic = 0;
@@ -197,13 +198,13 @@ FAKECUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t s
   Allocation* a = nullptr;
   if (rc == CUDA_SUCCESS) {
     // FAKECUDA_DIRTY: fresh memory is not zero (see the file's comment).
-    const int fd = os::vmm_create(size, g_config.dirty ? 0xa5 : -1);
-    a = fd < 0 ? nullptr : static_cast<Allocation*>(malloc(sizeof(Allocation)));
+    void* memory = os::vmm_create(size, g_config.dirty ? 0xa5 : -1);
+    a = memory == nullptr ? nullptr : static_cast<Allocation*>(malloc(sizeof(Allocation)));
     if (a == nullptr) {
-      if (fd >= 0) os::vmm_close(fd);
+      if (memory != nullptr) os::vmm_close(memory, size);
       rc = CUDA_ERROR_OUT_OF_MEMORY;
     } else {
-      *a = Allocation{kHandleMagic, fd, size, 0, false, g_allocations};
+      *a = Allocation{kHandleMagic, memory, size, 0, false, g_allocations};
       g_allocations = a;
       g_counters.live_bytes.fetch_add(size);
       g_counters.vmm_bytes.fetch_add(size);
@@ -241,7 +242,7 @@ FAKECUDA_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
     rc = CUDA_ERROR_INVALID_VALUE;
   } else if (index_overlaps(p, size)) {
     rc = CUDA_ERROR_ALREADY_MAPPED;
-  } else if (!os::vmm_map(reinterpret_cast<void*>(p), size, a->fd)) {
+  } else if (!os::vmm_map(reinterpret_cast<void*>(p), size, a->memory)) {
     rc = CUDA_ERROR_OUT_OF_MEMORY;
   } else if (!vmm_index_add(VmmMapping{p, size, r->addr, a}, current_ctx())) {
     os::vmm_unmap(reinterpret_cast<void*>(p), size);

@@ -599,6 +599,7 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
   });
 }
 
+#if !defined(_WIN32)  // the double models the virtual-memory API on Linux only
 // Under MNEMOSYNE_PIN=vmm the granules are host memory of the driver's
 // virtual-memory API (2 MiB over the double): 64 threads holding 64 bytes
 // each have about one granule each mapped; memory not known zero (dirty
@@ -668,6 +669,7 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
     release(probe);
   });
 }
+#endif  // !_WIN32
 
 // A driver whose virtual-memory API knows no host location (before CUDA
 // 12.2): PIN=vmm falls back to arenas from cuMemHostAlloc, locked whole,

@@ -70,6 +70,16 @@ void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size));
 #define MNEMOSYNE_MI_RESET 2
 void mnemosyne_mi_set_os_hook(int (*hook)(void* start, size_t size, int op));
 
+/* Whether [start, start + size) of an arena may be read now: memory the
+ * embedder's provider backs only where mimalloc commits may be inaccessible
+ * elsewhere (a driver's reserved address space), and the walks above read
+ * the header of every arena block in use, which in a segment being made or
+ * one mimalloc decommitted may lie there. A range the hook refuses is not
+ * read (its arena block holds nothing live then). The hook must allocate
+ * nothing and take no lock. NULL, the default: every byte is readable. Set
+ * once, before the first allocation. */
+void mnemosyne_mi_set_readable_hook(int (*hook)(const void* start, size_t size));
+
 /* Requests of at least `bytes` are not served from arenas: mimalloc returns
  * NULL for them at once (its generic path, which every request above 1 KiB
  * reaches, checks first), and the embedder serves them from memory of their

@@ -238,6 +238,23 @@ static size_t mnemosyne_segment_walk(mi_segment_t* segment, size_t room, mnemosy
   return _mi_divide_up(bytes, MI_ARENA_BLOCK_SIZE);
 }
 
+static int (*mnemosyne_readable_hook)(const void* start, size_t size) = NULL;
+
+void mnemosyne_mi_set_readable_hook(int (*hook)(const void* start, size_t size)) {
+  mnemosyne_readable_hook = hook;
+}
+
+/* Whether the segment header at `segment` and the slice table after it
+ * (its info slices) may be read: none of it when the hook refuses. */
+static bool mnemosyne_header_readable(const mi_segment_t* segment) {
+  int (*readable)(const void*, size_t) = mnemosyne_readable_hook;
+  if (readable == NULL) return true;
+  if (!readable(segment, MI_SEGMENT_SLICE_SIZE)) return false;
+  const size_t info_slices = ((const volatile mi_segment_t*)segment)->segment_info_slices;
+  return info_slices <= 1 || info_slices > MI_SLICES_PER_SEGMENT ||
+         readable(segment, info_slices * MI_SEGMENT_SLICE_SIZE);
+}
+
 static int mnemosyne_arena_walk(const void* arena_start, mnemosyne_walk_t* walk) {
   const size_t count = mi_atomic_load_acquire(&mi_arena_count);
   for (size_t a = 0; a < count && a < MI_MAX_ARENAS; a++) {
@@ -261,6 +278,12 @@ static int mnemosyne_arena_walk(const void* arena_start, mnemosyne_walk_t* walk)
         continue;
       }
       mi_segment_t* segment = (mi_segment_t*)(start + b * MI_ARENA_BLOCK_SIZE);
+      /* A header in memory not backed now: a segment being made, or one
+       * mimalloc decommitted (in its cache): nothing live. */
+      if (!mnemosyne_header_readable(segment)) {
+        b++;
+        continue;
+      }
       b += mnemosyne_segment_walk(segment, (blocks - b) * MI_ARENA_BLOCK_SIZE, walk);
     }
     return 1;
