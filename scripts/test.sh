@@ -174,7 +174,7 @@ if [ $quick -eq 0 ]; then
          "$fuzzer" -artifact_prefix=build-fuzz/artifacts/ tests/fuzz/regressions/$harness/* \
          >"$scratch/replay.log" 2>&1 &&
        ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=1 UBSAN_OPTIONS=halt_on_error=1 \
-         "$fuzzer" -max_total_time="${FUZZ_SECONDS:-30}" -print_final_stats=1 \
+         "$fuzzer" -max_total_time="${FUZZ_SECONDS:-20}" -print_final_stats=1 \
          -artifact_prefix=build-fuzz/artifacts/ "$scratch" tests/fuzz/corpus/$harness \
          >"$scratch/fuzz.log" 2>&1; then
       runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$scratch/fuzz.log")

@@ -20,6 +20,7 @@ std::atomic<unsigned long long> g_mem_limit{0};
 std::atomic<int> g_advise_error{0};
 std::atomic<int> g_unregister_error{0};
 std::atomic<int> g_copy_error{0};
+std::atomic<int> g_vmm_map_error{0};
 std::atomic<bool> g_initialized{false};
 std::atomic<bool> g_forked{false};
 std::atomic<bool> g_stub{false};
@@ -95,6 +96,7 @@ void read_config() noexcept {
   if (env_ull("FAKECUDA_MEM_LIMIT", &u)) g_mem_limit.store(u);
   if (env_long("FAKECUDA_ADVISE_ERROR", &v)) g_advise_error.store(int(v));
   if (env_long("FAKECUDA_COPY_ERROR", &v)) g_copy_error.store(int(v));
+  if (env_long("FAKECUDA_VMM_MAP_ERROR", &v)) g_vmm_map_error.store(int(v));
   if (env_long("FAKECUDA_UNREGISTER_ERROR", &v)) g_unregister_error.store(int(v));
 }
 

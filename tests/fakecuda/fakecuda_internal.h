@@ -101,6 +101,7 @@ extern std::atomic<unsigned long long> g_mem_limit;  // 0: off
 extern std::atomic<int> g_unregister_error;          // 0: off
 extern std::atomic<int> g_advise_error;              // 0: off
 extern std::atomic<int> g_copy_error;                // 0: off
+extern std::atomic<int> g_vmm_map_error;  // 0: off (FAKECUDA_VMM_MAP_ERROR: cuMemMap's answer)
 
 extern std::atomic<bool> g_initialized;
 extern std::atomic<bool> g_forked;

@@ -240,6 +240,8 @@ FAKECUDA_API CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset,
   const Reservation* r = reservation_holding(p, size);
   if (a == nullptr || offset != 0 || flags != 0 || size != a->size || r == nullptr) {
     rc = CUDA_ERROR_INVALID_VALUE;
+  } else if (const int e = g_vmm_map_error.load(); e != 0) {
+    rc = static_cast<CUresult>(e);  // FAKECUDA_VMM_MAP_ERROR: a driver out of host memory
   } else if (index_overlaps(p, size)) {
     rc = CUDA_ERROR_ALREADY_MAPPED;
   } else if (!os::vmm_map(reinterpret_cast<void*>(p), size, a->memory)) {
