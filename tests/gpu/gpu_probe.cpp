@@ -636,51 +636,50 @@ void on_fault(int) {
   siglongjmp(g_fault_jump, 1);
 }
 
-// Whether the CPU writes and reads back [p, p + count ints): ok,
-// wrong-data, or fault (SIGSEGV/SIGBUS caught).
-const char* cpu_access(volatile int* p, std::size_t count) {
+// Runs fn with SIGSEGV and SIGBUS caught; false when one arrived.
+template <class F>
+bool without_fault(F&& fn) {
   struct sigaction sa {};
   struct sigaction old_segv {};
   struct sigaction old_bus {};
   sa.sa_handler = on_fault;
   sigaction(SIGSEGV, &sa, &old_segv);
   sigaction(SIGBUS, &sa, &old_bus);
-  const char* result = "ok";
+  bool ok = false;
   if (sigsetjmp(g_fault_jump, 1) == 0) {
+    fn();
+    ok = true;
+  }
+  sigaction(SIGSEGV, &old_segv, nullptr);
+  sigaction(SIGBUS, &old_bus, nullptr);
+  return ok;
+}
+
+// Whether the CPU writes and reads back [p, p + count ints): ok,
+// wrong-data, or fault (SIGSEGV/SIGBUS caught).
+const char* cpu_access(volatile int* p, std::size_t count) {
+  const char* result = "ok";
+  const bool ran = without_fault([&] {
     for (std::size_t i = 0; i < count; i += 1024) p[i] = static_cast<int>(i);
     for (std::size_t i = 0; i < count && result[0] == 'o'; i += 1024) {
       if (p[i] != static_cast<int>(i)) result = "wrong-data";
     }
-  } else {
-    result = "fault";
-  }
-  sigaction(SIGSEGV, &old_segv, nullptr);
-  sigaction(SIGBUS, &old_bus, nullptr);
-  return result;
+  });
+  return ran ? result : "fault";
 }
 
 // Whether [p, p + n) reads zero (yes, no), or "fault" when the CPU cannot read it.
 const char* fresh_zero(const unsigned char* p, std::size_t n) {
-  struct sigaction sa {};
-  struct sigaction old_segv {};
-  struct sigaction old_bus {};
-  sa.sa_handler = on_fault;
-  sigaction(SIGSEGV, &sa, &old_segv);
-  sigaction(SIGBUS, &sa, &old_bus);
   const char* result = "yes";
-  if (sigsetjmp(g_fault_jump, 1) == 0) {
+  const bool ran = without_fault([&] {
     for (std::size_t i = 0; i < n; ++i) {
       if (static_cast<const volatile unsigned char*>(p)[i] != 0) {
         result = "no";
         break;
       }
     }
-  } else {
-    result = "fault";
-  }
-  sigaction(SIGSEGV, &old_segv, nullptr);
-  sigaction(SIGBUS, &old_bus, nullptr);
-  return result;
+  });
+  return ran ? result : "fault";
 }
 
 void vmm_location(const Vmm& v, CUfunction add, CUmemLocationType type, const char* name) {

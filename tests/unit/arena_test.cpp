@@ -550,6 +550,35 @@ TEST(Arena, PinnedArenasAreLockedWholeByDefault) {
   });
 }
 
+// `count` threads, each holding a calloc'd 64-byte block (blocks[i]) until
+// release_and_join(), then freeing it: a footprint per thread.
+class HoldingThreads {
+ public:
+  HoldingThreads(void** blocks, int count) {
+    for (int i = 0; i < count; ++i) {
+      threads_.emplace_back([this, blocks, i] {
+        blocks[i] = arena::alloc_zeroed(64);
+        ready_.fetch_add(1);
+        while (!done_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        release(blocks[i]);
+      });
+    }
+    while (ready_.load() < count) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ~HoldingThreads() { release_and_join(); }
+  void release_and_join() {
+    done_.store(true);
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+  std::atomic<int> ready_{0};
+  std::atomic<bool> done_{false};
+};
+
 // Under MNEMOSYNE_PIN=granule pinned arenas are reservations: only what mimalloc commits is
 // page-locked (registered with the driver, 1 MiB granules), so 64 threads
 // holding 64 bytes each lock about 1 MiB each, not a 32 MiB segment each;
@@ -564,18 +593,7 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
     ASSERT_TRUE(start_arena(cfg));
     constexpr int kThreads = 64;
     void* blocks[kThreads] = {};
-    std::vector<std::thread> threads;
-    std::atomic<int> ready{0};
-    std::atomic<bool> done{false};
-    for (int i = 0; i < kThreads; ++i) {
-      threads.emplace_back([&, i] {
-        blocks[i] = arena::alloc_zeroed(64);
-        ready.fetch_add(1);
-        while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        release(blocks[i]);
-      });
-    }
-    while (ready.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HoldingThreads threads(blocks, kThreads);
     const test::Fake* fake = test::loaded_fake();
     ASSERT_NE(fake, nullptr);
     const fakecuda_counters fc = fake->counters();
@@ -587,8 +605,7 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
       EXPECT_TRUE(all_zero(p, 64));
       segments.insert(reinterpret_cast<std::uintptr_t>(p) >> kSegmentShift);
     }
-    done.store(true);
-    for (auto& t : threads) t.join();
+    threads.release_and_join();
     EXPECT_GE(segments.size(), std::size_t{kThreads / 2}) << "threads share segments";
     // About 1 MiB a thread (mimalloc commits at least 1 MiB of a segment),
     // where cuMemHostAlloc locked whole segments: 64 x 32 MiB.
@@ -623,18 +640,7 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
     ASSERT_TRUE(start_arena(cfg));
     constexpr int kThreads = 64;
     void* blocks[kThreads] = {};
-    std::vector<std::thread> threads;
-    std::atomic<int> ready{0};
-    std::atomic<bool> done{false};
-    for (int i = 0; i < kThreads; ++i) {
-      threads.emplace_back([&, i] {
-        blocks[i] = arena::alloc_zeroed(64);
-        ready.fetch_add(1);
-        while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        release(blocks[i]);
-      });
-    }
-    while (ready.load() < kThreads) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    HoldingThreads threads(blocks, kThreads);
     const test::Fake* fake = test::loaded_fake();
     ASSERT_NE(fake, nullptr);
     const fakecuda_counters fc = fake->counters();
@@ -646,8 +652,7 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
       EXPECT_TRUE(all_zero(p, 64)) << "calloc on memory the driver did not clear";
       segments.insert(reinterpret_cast<std::uintptr_t>(p) >> kSegmentShift);
     }
-    done.store(true);
-    for (auto& t : threads) t.join();
+    threads.release_and_join();
     EXPECT_GE(segments.size(), std::size_t{kThreads / 2}) << "threads share segments";
     EXPECT_LE(fc.vmm_bytes, std::uint64_t{kThreads + 8} * 2 * kMiB);
     EXPECT_GE(fc.vmm_map_calls, std::uint64_t{kThreads});
