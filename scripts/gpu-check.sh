@@ -15,8 +15,9 @@
 # skipped and why. A refused system call or a failing step is a finding,
 # written down, not the end of the run. The end-to-end suite runs last, in
 # what is left of GPU_CHECK_SECONDS (450) and at most GPU_CHECK_E2E_SECONDS
-# (240), so the whole run stays under 8 minutes; report.md is written as the
-# steps end, so a run cut short keeps what it found.
+# (240), so the whole run stays under 8 minutes; GPU_CHECK_E2E_BACKENDS names
+# its columns (default: unified device pinned pinned+vmm). report.md is
+# written as the steps end, so a run cut short keeps what it found.
 set -uo pipefail
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -26,7 +27,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --prebuilt) prebuilt=${2:?--prebuilt needs a folder}; shift 2 ;;
     --prebuilt=*) prebuilt=${1#--prebuilt=}; shift ;;
-    -h|--help) sed -n '2,19p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "gpu-check: unknown flag $1 (see --help)" >&2; exit 2 ;;
     *) report_dir=$1; shift ;;
   esac
@@ -134,7 +135,7 @@ log_rows() {
 probe_rows() {
   local what=$1 backend status log row f
   shift
-  for backend in unified device pinned; do
+  for backend in unified device pinned pinned+vmm; do
     status=$(run_step "$what-$backend" 120 "$backend" "$probe" "$what")
     log="$logs/$what-$backend.log"
     row="| $backend |"
@@ -395,7 +396,7 @@ say "pinned; host RAM is VmRSS growth before the block is read (one int per page
 say ""
 say "| heap | size, MiB | calloc, ms | host RAM, MiB | reads zero |"
 say "|---|---|---|---|---|"
-for heap in none unified device pinned; do
+for heap in none unified device pinned pinned+vmm; do
   status=$zero_status
   [ "$heap" = none ] || status=$(run_step "zero-$heap" 120 "$heap" "$probe" zero)
   grep '^zero calloc' "$logs/zero-$heap.log" | while read -r line; do
@@ -545,6 +546,8 @@ e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-held-lock fo
            own-context fork-cross-free errno promises calloc fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))
 e2e_budget=${GPU_CHECK_E2E_SECONDS:-240}
+# GPU_CHECK_E2E_BACKENDS: the columns, for a run that follows up on one mode.
+e2e_backends=${GPU_CHECK_E2E_BACKENDS:-unified device pinned pinned+vmm}
 [ "$left" -lt "$e2e_budget" ] && e2e_budget=$(( left > 0 ? left : 0 ))
 if [ -z "$tree" ]; then
   say "Skipped: no build tree with tests/e2e (give --prebuilt BUILD_DIR, or carry build/)."
@@ -559,7 +562,7 @@ else
   say "|---|---|---|"
   e2e_start=$(date +%s) passed=0 cells=0
   for case in "${e2e_cases[@]}"; do
-    for backend in unified device pinned pinned+vmm; do
+    for backend in $e2e_backends; do
       cells=$((cells + 1))
       if [ $(( $(date +%s) - e2e_start )) -ge "$e2e_budget" ]; then
         say "| $case | $backend | not run: the step's ${e2e_budget} s were spent |"

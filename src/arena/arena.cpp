@@ -501,8 +501,12 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     // the arena keeps backed, so no thread goes to the host heap because
     // others were faster. A backend that refuses (the driver would not
     // page-lock more) would refuse a larger arena the same way.
+    // A failed commit left from an earlier allocation is not backed: mimalloc
+    // tries its ranges in turn, and one that failed before the range that
+    // served is stale. Backing it here locked memory nothing used (a realloc
+    // growing to 1.5 GiB held twice its size, 4.3 GiB resident on an H200).
+    forget_pending();
     bool pending = false;
-    commit_pending(&pending);  // none should be left, but a stale one is harmless
     bool refused = false;
     for (;;) {
       const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);

@@ -177,6 +177,10 @@ void release_segment(const Segment& segment) noexcept {
   give_back(segment);
 }
 
+void forget_pending() noexcept {
+  t_pending = PendingCommit{};
+}
+
 bool commit_pending(bool* pending) noexcept {
   const PendingCommit p = t_pending;
   t_pending = PendingCommit{};

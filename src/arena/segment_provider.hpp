@@ -48,6 +48,10 @@ int commit_range(void* start, std::size_t size, int op) noexcept;
 // backend refused (it is cleared then too); *pending says whether there was
 // one.
 bool commit_pending(bool* pending) noexcept;
+// Forgets this thread's failed commit without backing it: one left from an
+// allocation that succeeded in the end (mimalloc tried another range after
+// it) is memory no one is about to use.
+void forget_pending() noexcept;
 
 // Whether memory fresh from `backend` reads zero, as the backend says.
 bool backend_fresh_zero(BackendId backend) noexcept;

@@ -99,6 +99,9 @@ struct CpuMemory {
 enum class PinnedCommit : unsigned char { registration, vmm };
 void set_pinned_commit(PinnedCommit how) noexcept;
 PinnedCommit pinned_commit() noexcept;
+// Bytes of granules given back as excess: while more than the give-back
+// delay may hold was backed and unused, by a pass woken at once.
+std::uint64_t pinned_bytes_given_back_early() noexcept;
 
 // Page-locked host memory. allocate(): cuMemHostAlloc(..., DEVICEMAP |
 // PORTABLE), locked whole. reserve()/commit(): backed granule by granule

@@ -15,6 +15,9 @@
 
 namespace mnemosyne::platform {
 
+// wait_while_equal's timeout for "until woken".
+inline constexpr std::uint64_t kNoTimeout = ~std::uint64_t{0};
+
 // Each OS defines these in platform_<os>.cpp. Nothing here allocates through
 // malloc: it runs inside the allocator's own slow paths.
 template <class P>
@@ -58,12 +61,13 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // stays mapped, reading zero or its old contents (Linux MADV_DONTNEED:
   // zero; Windows MEM_RESET: either). False when the OS refused.
   { P::discard_pages(p, n) } -> std::same_as<bool>;
-  // Sleeping while *word still holds `seen` (it may also return early), and
-  // waking every thread sleeping on word: a futex on Linux, WaitOnAddress on
-  // Windows. Here, not std::atomic::wait, whose libstdc++ error path would
+  // Sleeping while *word still holds `seen`, at most timeout_ns (it may also
+  // return early; kNoTimeout: no limit), and waking every thread sleeping on word: a futex on
+  // Linux, WaitOnAddress on Windows. Here, not std::atomic::wait, whose libstdc++ error path would
   // make the preload library load libstdc++ into every process.
   {
-    P::wait_while_equal(static_cast<std::atomic<std::uint32_t>*>(nullptr), std::uint32_t{0})
+    P::wait_while_equal(static_cast<std::atomic<std::uint32_t>*>(nullptr), std::uint32_t{0},
+                        kNoTimeout)
     } -> std::same_as<void>;
   { P::wake_all(static_cast<std::atomic<std::uint32_t>*>(nullptr)) } -> std::same_as<void>;
   // A detached thread of mnemosyne's own running fn(p), started with every
@@ -100,7 +104,8 @@ struct Linux {
   static bool exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept;
   static void sleep_ns(std::uint64_t ns) noexcept;
   static bool discard_pages(void* ptr, std::size_t size) noexcept;
-  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
+  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                               std::uint64_t timeout_ns = kNoTimeout) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool process_exiting() noexcept { return false; }
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
@@ -126,7 +131,8 @@ struct Windows {
   static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
   static void sleep_ns(std::uint64_t ns) noexcept;
   static bool discard_pages(void* ptr, std::size_t size) noexcept;
-  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept;
+  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                               std::uint64_t timeout_ns = kNoTimeout) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool process_exiting() noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;

@@ -74,9 +74,12 @@ bool Linux::discard_pages(void* ptr, std::size_t size) noexcept {
 }
 
 // A private futex: the word is never shared with another process.
-void Linux::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen, nullptr,
-          nullptr, 0);
+void Linux::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                             std::uint64_t timeout_ns) noexcept {
+  struct timespec limit = {static_cast<time_t>(timeout_ns / 1000000000u),
+                           static_cast<long>(timeout_ns % 1000000000u)};
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen,
+          timeout_ns == kNoTimeout ? nullptr : &limit, nullptr, 0);
 }
 
 void Linux::wake_all(std::atomic<std::uint32_t>* word) noexcept {

@@ -88,8 +88,11 @@ bool Windows::process_exiting() noexcept {
 }
 
 // WaitOnAddress (Windows 8 and later; libsynchronization).
-void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen) noexcept {
-  WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, INFINITE);
+void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                               std::uint64_t timeout_ns) noexcept {
+  const DWORD ms =
+      timeout_ns == kNoTimeout ? INFINITE : static_cast<DWORD>((timeout_ns + 999999) / 1000000);
+  WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, ms);
 }
 
 void Windows::wake_all(std::atomic<std::uint32_t>* word) noexcept {

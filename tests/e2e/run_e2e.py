@@ -1618,15 +1618,64 @@ GIVE_BACK = {"pinned": [(1 << 20, 2048, True, GRANULES), (1 << 20, 2048, True, V
              "host": [(1 << 20, 2048, False, None)], "unified": [(64 << 20, 32, True, None)]}
 
 
+PY_REALLOC = r"""
+import ctypes, json, sys
+lib = ctypes.CDLL(None)
+lib.mnemosyne_stats_json.restype = ctypes.c_void_p
+lib.malloc.restype = lib.realloc.restype = ctypes.c_void_p
+lib.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+def backed():
+    raw = lib.mnemosyne_stats_json()
+    doc = json.loads(ctypes.string_at(raw).decode())
+    lib.free(ctypes.c_void_p(raw))
+    return doc["pools"]["pinned"]["bytes_backed"]
+n = 4096
+p = lib.malloc(n)
+ctypes.memset(p, 1, n)
+while n < int(sys.argv[1]):
+    grown = n + n // 2
+    p = lib.realloc(ctypes.c_void_p(p), grown)
+    ctypes.memset(p + n, 1, grown - n)
+    print(n, grown, backed())
+    n = grown
+"""
+
+
 def case_give_back(tmp, backend):
     """A program that holds 2 GiB in blocks, frees them all and waits: the
     memory it held goes back (resident memory, and for CUDA backends the
     driver's bytes, drop below 10% of the peak), and the program runs on as
-    before."""
+    before. Under pinned, a block grown by realloc to 512 MiB holds only
+    itself and the block it was copied from."""
     for size, count, backed_follows, extra in GIVE_BACK[backend]:
         give_back_phase(tmp, backend, size, count, backed_follows, extra)
     if backend == "unified":
         give_back_arenas(tmp, backend)
+    if backend == "pinned":
+        for extra in (GRANULES, VMM):
+            give_back_realloc(tmp, backend, extra)
+
+
+def give_back_realloc(tmp, backend, extra):
+    """Each step of the growth copies the block into a new one: backed are the
+    two, as mimalloc commits them (32 MiB arena blocks), and at most the
+    64 MiB of unused granules the give-back delay keeps. (A failed commit
+    backed after another range served the request held twice the block.)"""
+    r = Run(tmp, backend, True, extra)([PYTHON, "-c", PY_REALLOC, str(512 << 20)])
+    expect(r.returncode == 0 and not fault_lines(r), f"realloc growth failed: {r.returncode} "
+           f"{r.stderr[-800:]!r}")
+    steps = [tuple(int(x) for x in line.split()) for line in r.stdout.decode().splitlines()]
+    expect(steps and steps[-1][1] >= 512 << 20, f"output {r.stdout[-400:]!r}")
+
+    def blocks(size):
+        return (size // (32 << 20) + 1) * (32 << 20)
+
+    for old, grown, backed in steps:
+        expect(backed <= blocks(grown) + blocks(old) + (80 << 20),
+               f"PIN={extra['MNEMOSYNE_PIN']}: {backed >> 20} MiB backed for a block grown "
+               f"from {old >> 20} to {grown >> 20} MiB")
+    print(f"give-back [{backend}, PIN={extra['MNEMOSYNE_PIN']}, realloc growth to "
+          f"{steps[-1][1] >> 20} MiB]: {steps[-1][2] >> 20} MiB backed at the last step")
 
 
 def give_back_arenas(tmp, backend):
