@@ -32,6 +32,10 @@ while [ $# -gt 0 ]; do
     *) report_dir=$1; shift ;;
   esac
 done
+# Absolute: the end-to-end cases run programs in folders of their own, where
+# a relative LD_PRELOAD names nothing (ld.so ignores it, and the program runs
+# without mnemosyne: `git` wrote no statistics on the H200 for that reason).
+if [ -n "$prebuilt" ] && [ -d "$prebuilt" ]; then prebuilt=$(cd "$prebuilt" && pwd); fi
 
 # ---------------------------------------------------------------- the driver
 driver=${MNEMOSYNE_CUDA_DRIVER:-}

@@ -15,8 +15,10 @@ import subprocess
 import sys
 import tempfile
 
-LIB = os.environ["MNEMOSYNE_LIB"]
-FAKE = os.environ["FAKECUDA_LIB"]
+# Absolute: programs run in folders of their own, where a relative
+# LD_PRELOAD names nothing (ld.so ignores it, and they run without us).
+LIB = os.path.abspath(os.environ["MNEMOSYNE_LIB"])
+FAKE = os.path.abspath(os.environ["FAKECUDA_LIB"])
 
 
 def readable_by_everyone(path):
