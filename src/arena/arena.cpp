@@ -45,7 +45,10 @@ constexpr int kMaxArenas = 60;
 // lock the waiting thread holds, when the program's own driver call
 // mallocs). Progress is CPU time used by the grower or by the driver's own
 // threads (the grower often waits inside the driver for a lock one of them
-// holds while it works), however slowly a busy machine lets them run; none
+// holds while it works), or a driver call finished by any thread (200
+// threads backing their first granules queue in the driver's locks ahead of
+// the grower: over the double, under PIN=granule, waiters gave up while the
+// grower waited its turn), however slowly a busy machine lets them run; none
 // for kGrowStallNs is taken as stuck. kGrowWaitCapNs bounds the wait
 // whatever they do.
 constexpr std::uint64_t kGrowStallNs = std::uint64_t{2} * 1000000000u;
@@ -261,7 +264,7 @@ bool lock_grow() noexcept {
   const std::uint64_t start = Os::monotonic_ns();
   std::uint64_t progress_at = start;
   long grower = -1;
-  std::uint64_t work = 0;  // CPU ns of the grower and the driver's threads
+  std::uint64_t work = 0;  // CPU ns of the grower and the driver's threads, driver calls
   for (;;) {
     timespec deadline;
     clock_gettime(CLOCK_REALTIME, &deadline);
@@ -276,11 +279,11 @@ bool lock_grow() noexcept {
     }
     const std::uint64_t now = Os::monotonic_ns();
     const long holder = g_state.grower.load(std::memory_order_relaxed);
-    const std::uint64_t cpu =
-        (holder >= 0 ? Os::thread_cpu_ns(holder) : 0) + driver_threads_cpu_ns();
-    if (holder != grower || cpu != work) {  // another grower, or work was done
+    const std::uint64_t done = (holder >= 0 ? Os::thread_cpu_ns(holder) : 0) +
+                               driver_threads_cpu_ns() + driver_calls_done();
+    if (holder != grower || done != work) {  // another grower, or work was done
       grower = holder;
-      work = cpu;
+      work = done;
       progress_at = now;
     }
     if (now - progress_at >= kGrowStallNs || now - start >= kGrowWaitCapNs) break;

@@ -55,6 +55,14 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
   } else if (step == kRegisterFailed) {
     std::snprintf(out, len, "cuMemHostRegister of %llu bytes failed: %s", size,
                   cu_result_name(static_cast<CUresult>(result)));
+  } else if (step == kVmmCreateFailed || step == kVmmMapFailed || step == kVmmAccessFailed) {
+    const char* call = step == kVmmCreateFailed ? "cuMemCreate"
+                       : step == kVmmMapFailed  ? "cuMemMap"
+                                                : "cuMemSetAccess";
+    std::snprintf(out, len,
+                  "%s of %llu bytes failed: %s (host memory of the driver's "
+                  "virtual-memory API)",
+                  call, size, cu_result_name(static_cast<CUresult>(result)));
   } else if (step == kVmmFailed) {
     std::snprintf(out, len,
                   "host memory of %llu bytes from the driver's virtual-memory API (cuMemCreate, "

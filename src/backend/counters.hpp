@@ -15,10 +15,13 @@ enum FailureStep : int {
   kContextFailed,
   kAllocationFailed,
   kRegistryFull,
-  kInheritable,     // the kernel refused MADV_DONTFORK on memory a child must not share
-  kRegisterFailed,  // cuMemHostRegister refused a granule of a reservation
-  kReserveFailed,   // mmap refused a reservation (result: errno)
-  kVmmFailed,       // cuMemCreate, cuMemMap or cuMemSetAccess refused a granule (PIN=vmm)
+  kInheritable,      // the kernel refused MADV_DONTFORK on memory a child must not share
+  kRegisterFailed,   // cuMemHostRegister refused a granule of a reservation
+  kReserveFailed,    // mmap refused a reservation (result: errno)
+  kVmmFailed,        // the virtual-memory API has no host memory for us (PIN=vmm)
+  kVmmCreateFailed,  // cuMemCreate refused a granule (PIN=vmm)
+  kVmmMapFailed,     // cuMemMap refused a granule
+  kVmmAccessFailed,  // cuMemSetAccess refused a granule
 };
 
 inline void count_event(std::atomic<std::uint64_t>& counter, std::uint64_t n = 1) noexcept {

@@ -106,6 +106,14 @@ void mark_thread_as_driver_owned() noexcept {
   }
 }
 
+namespace {
+constinit std::atomic<std::uint64_t> g_driver_calls_done{0};
+}  // namespace
+
+std::uint64_t driver_calls_done() noexcept {
+  return g_driver_calls_done.load(std::memory_order_relaxed);
+}
+
 std::uint64_t driver_threads_cpu_ns() noexcept {
   const int n = std::min(g_driver_thread_count.load(std::memory_order_acquire), kMaxDriverThreads);
   std::uint64_t sum = 0;
@@ -152,6 +160,7 @@ DriverCall::~DriverCall() {
     api_->cuCtxPopCurrent(&popped);
   }
   t_in_driver = outer_flag_;
+  if (api_ != nullptr) g_driver_calls_done.fetch_add(1, std::memory_order_relaxed);
   if (blocked_) Os::restore_signals(saved_mask_);
   errno = saved_errno_;
 }

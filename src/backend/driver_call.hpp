@@ -27,6 +27,11 @@ void mark_thread_as_driver_owned() noexcept;
 // holds. Threads that ended count 0.
 std::uint64_t driver_threads_cpu_ns() noexcept;
 
+// Driver calls (DriverCall scopes) any thread of the process has finished
+// so far: whether threads ahead of a waiting grower in the driver's locks
+// are getting through.
+std::uint64_t driver_calls_done() noexcept;
+
 // RAII: sets the in-driver flag, then pushes the heap's context on
 // device_ordinal(). ok() is false when the driver is unavailable or the
 // context could not be made current (then nothing is pushed). For the call's

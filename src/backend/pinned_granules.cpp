@@ -209,14 +209,17 @@ bool vmm_back(const DriverCall& call, Reservation& r, std::uintptr_t start, std:
   const CUmemAllocationProp prop = vmm_host_prop();
   CUmemGenericAllocationHandle h = 0;
   const CUdeviceptr at = static_cast<CUdeviceptr>(start);
+  FailureStep step = kVmmCreateFailed;
   CUresult rc = api.cuMemCreate(&h, size, &prop, 0);
   count_event(c.driver_calls);
   if (rc == CUDA_SUCCESS) {
+    step = kVmmMapFailed;
     rc = api.cuMemMap(at, size, 0, h, 0);
     count_event(c.driver_calls);
     if (rc == CUDA_SUCCESS) {
       CUmemAccessDesc access[2];
       vmm_access(call.device(), access);
+      step = kVmmAccessFailed;
       rc = api.cuMemSetAccess(at, size, access, 2);
       count_event(c.driver_calls);
       int err = 0;
@@ -233,7 +236,7 @@ bool vmm_back(const DriverCall& call, Reservation& r, std::uintptr_t start, std:
     api.cuMemRelease(h);
     count_event(c.driver_calls);
   }
-  if (rc != CUDA_SUCCESS) c.failed(kVmmFailed, rc, size);
+  if (rc != CUDA_SUCCESS) c.failed(step, rc, size);
   return false;
 }
 

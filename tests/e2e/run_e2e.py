@@ -1120,10 +1120,13 @@ def case_fault_cap(tmp, backend):
 
 def alloc_call(backend):
     """The driver call whose refusal a fault message names: under pinned,
-    arenas are reservations registered granule by granule (cuMemHostRegister),
-    and other blocks, or arenas where registration is unavailable, come
-    from cuMemHostAlloc."""
-    return r"cuMemHost(?:Alloc|Register)" if backend == "pinned" else "cuMemAllocManaged"
+    arenas come from cuMemHostAlloc, or are reservations registered granule
+    by granule (cuMemHostRegister, PIN=granule), or mapped from host memory
+    of the driver's virtual-memory API (cuMemCreate, PIN=vmm); blocks of
+    their own come from cuMemHostAlloc."""
+    if backend != "pinned":
+        return "cuMemAllocManaged"
+    return r"cuMemCreate" if PIN == "vmm" else r"cuMemHost(?:Alloc|Register)"
 
 
 FAULT_CELLS = {
