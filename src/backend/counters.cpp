@@ -65,8 +65,8 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
                   call, size, cu_result_name(static_cast<CUresult>(result)));
   } else if (step == kVmmFailed) {
     std::snprintf(out, len,
-                  "host memory of %llu bytes from the driver's virtual-memory API (cuMemCreate, "
-                  "cuMemMap, cuMemSetAccess) failed: %s",
+                  "the driver's virtual-memory API has no host memory of %llu bytes for the heap "
+                  "(cuMemGetAllocationGranularity or cuMemAddressReserve): %s",
                   size, cu_result_name(static_cast<CUresult>(result)));
   } else if (step == kReserveFailed) {
     std::snprintf(out, len, "mmap of %llu bytes (a reservation) failed: %s", size,

@@ -311,16 +311,18 @@ std::atomic<Word>& word(Reservation& r, std::uintptr_t g) noexcept {
   return r.granules[granule_index(r, g)];
 }
 
-// Marks `bits` of granule g uncommitted. The granule stays backed even when
-// none of its chunks is committed: mimalloc decommits from inside its free
-// and allocation paths, where the driver must not be called (it calls
-// malloc and free, which would re-enter mimalloc mid-operation). The
-// give-back thread is woken to give it back later.
+// Bytes backed and not committed, over every reservation.
 std::int64_t unused_bytes() noexcept {
   return g_backed_bytes.load(std::memory_order_relaxed) -
          g_committed_chunks.load(std::memory_order_relaxed) * static_cast<std::int64_t>(kChunk);
 }
 
+// Marks `bits` of granule g uncommitted. The granule stays backed even when
+// none of its chunks is committed: mimalloc decommits from inside its free
+// and allocation paths, where the driver must not be called (it calls
+// malloc and free, which would re-enter mimalloc mid-operation). The
+// give-back thread is woken to give it back later (at once, beyond
+// kKeepUnused).
 void drop_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
   const Word before = word(r, g).fetch_and(~bits, std::memory_order_acq_rel);
   const Word after = before & ~bits;
@@ -650,22 +652,22 @@ bool CudaHostPinned::commit(void* ptr, std::size_t size, bool may_call_driver) n
   Reservation* r = find(lo, size);
   if (r == nullptr) return false;
   const std::uintptr_t hi = lo + size;
+  // About to back granules (the arena's slow path, outside mimalloc): what
+  // the heap freed beyond kKeepUnused goes back first, here, so that a
+  // realloc growing by copies holds its new block and the old one, not the
+  // ones before, however late a busy machine runs the give-back thread.
+  if (may_call_driver && unused_bytes() > kKeepUnused && !in_driver_call()) {
+    give_back_pass(/*excess_only=*/true);
+  }
   // mimalloc commits whole ranges of which some chunks may be committed
   // already (and hold live data), so a failed commit must not clear any
   // bit: first every granule is backed (or the commit fails having changed
   // nothing), and marked in use (no longer idle), then the chunks are
   // marked. A give-back pass that gives back one of the granules in
-  // between (it would need two passes) makes the second loop fail: the
-  // chunks marked by then stay marked, which only keeps their granules
-  // backed until mimalloc decommits them.
-  // About to back granules (the arena's slow path, outside mimalloc): what
-  // the heap freed beyond kKeepUnused goes back first, here, rather than
-  // when the give-back thread gets to it. A realloc growing by copies would
-  // otherwise map each new block beside the old ones (4.3 GiB resident for
-  // a growth to 1.5 GiB on an H200, with the thread alone).
-  if (may_call_driver && unused_bytes() > kKeepUnused && !in_driver_call()) {
-    give_back_pass(/*excess_only=*/true);
-  }
+  // between (marked idle by the pass before, or unused while more than
+  // kKeepUnused is) makes the second loop fail: the chunks marked by then
+  // stay marked, which only keeps their granules backed until mimalloc
+  // decommits them.
   const std::uintptr_t first = lo / r->granule * r->granule;
   for (std::uintptr_t g = first; g < hi; g += r->granule) {
     if (!add_bits(*r, g, 0, may_call_driver)) return false;

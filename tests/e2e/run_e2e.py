@@ -1582,16 +1582,22 @@ def case_stats_api(tmp, backend):
     expect(doc["pools"][backend]["segments"] >= 1, "no segment reported")
 
 
-PY_PHASES = r"""
+# The start of a python3 program that reads its own statistics: backed(pool)
+# is the pool's bytes_backed now (mnemosyne_stats_json, the preloaded
+# library's).
+PY_BACKED = r"""
 import ctypes, json, sys, time
 lib = ctypes.CDLL(None)
 lib.mnemosyne_stats_json.restype = ctypes.c_void_p
-pool, size, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-def backed():
+def backed(pool):
     raw = lib.mnemosyne_stats_json()
     doc = json.loads(ctypes.string_at(raw).decode())
     lib.free(ctypes.c_void_p(raw))
     return doc["pools"][pool]["bytes_backed"]
+"""
+
+PY_PHASES = PY_BACKED + r"""
+pool, size, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 def resident():
     with open("/proc/self/status") as f:
         return next(int(l.split()[1]) << 10 for l in f if l.startswith("VmRSS:"))
@@ -1599,10 +1605,10 @@ blocks = [bytearray(size) for _ in range(count)]
 for i, b in enumerate(blocks):
     b[::4096] = bytes([i % 251]) * len(b[::4096])
 check = sum(b[0] + b[-4096] for b in blocks)
-peak, peak_rss = backed(), resident()
+peak, peak_rss = backed(pool), resident()
 del blocks
 time.sleep(3.0)
-after, after_rss = backed(), resident()
+after, after_rss = backed(pool), resident()
 small = [bytes(64) for _ in range(1000)]
 again = [bytearray(size) for _ in range(count)]
 for i, b in enumerate(again):
@@ -1623,17 +1629,9 @@ GIVE_BACK = {"pinned": [(1 << 20, 2048, True, GRANULES), (1 << 20, 2048, True, V
              "host": [(1 << 20, 2048, False, None)], "unified": [(64 << 20, 32, True, None)]}
 
 
-PY_REALLOC = r"""
-import ctypes, json, sys
-lib = ctypes.CDLL(None)
-lib.mnemosyne_stats_json.restype = ctypes.c_void_p
+PY_REALLOC = PY_BACKED + r"""
 lib.malloc.restype = lib.realloc.restype = ctypes.c_void_p
 lib.realloc.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-def backed():
-    raw = lib.mnemosyne_stats_json()
-    doc = json.loads(ctypes.string_at(raw).decode())
-    lib.free(ctypes.c_void_p(raw))
-    return doc["pools"]["pinned"]["bytes_backed"]
 n = 4096
 p = lib.malloc(n)
 ctypes.memset(p, 1, n)
@@ -1641,7 +1639,7 @@ while n < int(sys.argv[1]):
     grown = n + n // 2
     p = lib.realloc(ctypes.c_void_p(p), grown)
     ctypes.memset(p + n, 1, grown - n)
-    print(n, grown, backed())
+    print(n, grown, backed("pinned"))
     n = grown
 """
 
