@@ -92,7 +92,8 @@ field() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -n 1; }
 
 # run_step NAME LIMIT_S HEAP CMD...: runs CMD without mnemosyne (HEAP none)
 # or under it with that backend (BACKEND+own: in mnemosyne's own context,
-# MNEMOSYNE_CONTEXT=own; pinned+granule, pinned+vmm: MNEMOSYNE_PIN); output to
+# MNEMOSYNE_CONTEXT=own; pinned: MNEMOSYNE_PIN=arena; pinned+granule,
+# pinned+vmm: MNEMOSYNE_PIN); output to
 # logs/NAME.log; prints the status.
 run_step() {
   local name=$1 limit=$2 heap=$3
@@ -221,8 +222,9 @@ pageable=$(field pageable_memory_access <"$logs/kernel-none-malloc.log")
 say ""
 say "CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS = ${pageable:-?} (1: the GPU reaches any host memory, so the run without mnemosyne works too)."
 say "unified+own: the heap in mnemosyne's own context (MNEMOSYNE_CONTEXT=own), the kernel in the primary one."
+say "pinned: MNEMOSYNE_PIN=arena, each arena one cuMemHostAlloc, locked whole."
 say "pinned+granule: MNEMOSYNE_PIN=granule, the heap registered 1 MiB at a time (a block spans registrations)."
-say "pinned+vmm: MNEMOSYNE_PIN=vmm, the heap mapped a granule at a time from the virtual-memory API."
+say "pinned+vmm: MNEMOSYNE_PIN=vmm (pinned's default on Linux), the heap mapped a granule at a time from the virtual-memory API."
 say ""
 # What cudaMemcpy (and torch's .cuda()) does with a program's buffers. The
 # driver copies a block only from one of its allocations or registrations:
@@ -580,7 +582,7 @@ else
         FAULT_PROBE="$tree/tests/e2e/fault_probe" STRESS_PROBE="$tree/tests/e2e/stress_probe" \
         DLOPEN_PROBE="$tree/tests/e2e/dlopen_probe" CTOR_LIB="$tree/tests/e2e/libctor_alloc.so" \
         SIZE_ROUTE_PROBE="$tree/tests/e2e/size_route_probe" MNEMOSYNE_LAUNCHER="$launcher" \
-        E2E_PIN="$([ "${backend%+vmm}" != "$backend" ] && echo vmm)" \
+        E2E_PIN="$([ "${backend%+vmm}" != "$backend" ] && echo vmm || echo arena)" \
         "$python" "$root/tests/e2e/run_e2e.py" "$case" "${backend%+vmm}")
       verdict=$(grep -m1 -E '^(PASS|FAIL|SKIP)' "$logs/e2e-$case-$backend.log" | cut -c1-160)
       [ "$status" = "exit 0" ] || [ -n "$verdict" ] || verdict="no verdict ($status)"

@@ -36,6 +36,13 @@ enum Row : std::size_t {
   kRowCount
 };
 
+// PIN's default (kDefaultPin, options.hpp) differs by platform.
+#ifdef _WIN32
+constexpr char kPinDefaultText[] = "arena";
+#else
+constexpr char kPinDefaultText[] = "vmm";
+#endif
+
 constexpr OptionInfo kTable[kRowCount] = {
     {"BACKEND", Type::choice, "unified",
      "Memory the heap comes from: unified (managed memory), device (managed memory preferring "
@@ -73,15 +80,15 @@ constexpr OptionInfo kTable[kRowCount] = {
      "managed: no, as the driver documents), yes or no. Where it is not zero, mnemosyne clears "
      "what must be zero itself; yes on a driver that does not zero crashes the process.",
      "MNEMOSYNE_ZEROED=no"},
-    {"PIN", Type::choice, "arena",
-     "What the pinned backend page-locks: arena (each arena whole, as cuMemHostAlloc does: the "
-     "driver copies any block with cuMemcpy), vmm (only the granules in use, 2 MiB on current "
+    {"PIN", Type::choice, kPinDefaultText,
+     "What the pinned backend page-locks: vmm (only the granules in use, 2 MiB on current "
      "GPUs, host memory of the driver's virtual-memory API, given back when unused; the driver "
-     "copies any block; needs a CUDA 12.2 driver, else as arena) or granule (only the 1 MiB "
+     "copies any block; needs a CUDA 12.2 driver, else as arena), arena (each arena whole, as "
+     "cuMemHostAlloc does: the driver copies any block with cuMemcpy) or granule (only the 1 MiB "
      "granules in use, registered with cuMemHostRegister, given back when unused; kernels reach "
      "every block, but the driver refuses cuMemcpy of a block that spans two granules, "
      "CUDA_ERROR_INVALID_VALUE).",
-     "MNEMOSYNE_PIN=vmm"},
+     "MNEMOSYNE_PIN=arena"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},

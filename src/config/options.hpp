@@ -18,6 +18,17 @@ enum class Context : std::uint8_t { primary, own };
 enum class Zeroed : std::uint8_t { automatic, yes, no };
 enum class Pin : std::uint8_t { arena, granule, vmm };
 
+// PIN's default. Linux: only the granules in use, from the driver's
+// virtual-memory API (run as a heap on an H200: scripts/gpu-check.sh); a
+// driver without host memory there (before CUDA 12.2) gets arenas locked
+// whole, as PIN=arena. Windows: arenas locked whole, the vmm route's host
+// memory being untried there (the test double does not model it either).
+#ifdef _WIN32
+inline constexpr Pin kDefaultPin = Pin::arena;
+#else
+inline constexpr Pin kDefaultPin = Pin::vmm;
+#endif
+
 struct Options {
   bool disable = false;                    // DISABLE
   BackendId backend = BackendId::unified;  // BACKEND
@@ -32,7 +43,7 @@ struct Options {
   Fallback fallback = Fallback::host;              // FALLBACK
   Context context = Context::primary;              // CONTEXT
   Zeroed zeroed = Zeroed::automatic;               // ZEROED
-  Pin pin = Pin::arena;                            // PIN
+  Pin pin = kDefaultPin;                           // PIN
   bool verbose = false;                            // VERBOSE
   bool show_stats = false;                         // SHOW_STATS
   char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced
