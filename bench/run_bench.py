@@ -279,9 +279,15 @@ def main():
                    "instructions": "",
                    "call_ms": (statistics.median(g[4] for g in got)
                                if all(g[4] is not None for g in got) else "")}
+            row["instructions_stats"] = ""
             if st and (not a.quick or name == "churn") and alloc != "naive":
                 count = instructions(argv_of(1.0), {**base_env, **extra})
                 row["instructions"] = count if count is not None else ""
+                if alloc == "mnemosyne-host":
+                    # Statistics on (MNEMOSYNE_STATS_FILE): what counting costs.
+                    stats = {"MNEMOSYNE_STATS_FILE": os.path.join(work, "stats-%p.json")}
+                    count = instructions(argv_of(1.0), {**base_env, **extra, **stats})
+                    row["instructions_stats"] = count if count is not None else ""
             rows.append(row)
         line = "  ".join(f"{r['allocator']} {r['wall_s']:.3f}s" for r in rows if r["workload"] == name)
         print(f"{name}: {line}", flush=True)
@@ -341,7 +347,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
         print("\n".join(fork_section(forks)) if forks else "bench: nothing ran")
         return
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
-              "driver_allocations", "instructions", "call_ms"]
+              "driver_allocations", "instructions", "instructions_stats", "call_ms"]
     with open(os.path.join(out, "results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
         w.writeheader()
@@ -385,6 +391,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
     if calls:
         md += ["Driver allocations (test double) per run, mnemosyne-unified: " +
                ", ".join(f"{r['workload']} {r['driver_allocations']}" for r in calls) + ".", ""]
+    md += stats_section(rows)
     md += call_section(rows)
     if starts:
         start_rows, n = starts
@@ -406,6 +413,21 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
         f.write("\n".join(md))
     plot(out, rows, names, others, today)
     print("\n".join(md))
+
+
+def stats_section(rows):
+    """What statistics cost: mnemosyne-host's instructions with
+    MNEMOSYNE_STATS_FILE set, against the same without."""
+    counted = [r for r in rows if r["allocator"] == "mnemosyne-host"
+               and r["instructions_stats"] != "" and r["instructions"] not in ("", 0)]
+    if not counted:
+        return []
+    md = ["## Statistics on (callgrind), mnemosyne-host", "",
+          "| workload | statistics off | statistics on | ratio |", "|---|---|---|---|"]
+    for r in counted:
+        md.append(f"| {r['workload']} | {r['instructions']:,} | {r['instructions_stats']:,} | "
+                  f"{r['instructions_stats'] / r['instructions']:.2f}x |")
+    return md + [""]
 
 
 def call_section(rows):

@@ -90,6 +90,7 @@ void start(const char* argv0) noexcept {
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;
+  g_policy.counting_only = g_policy.counting && !g_policy.routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;
   g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);

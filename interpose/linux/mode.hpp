@@ -21,8 +21,9 @@ inline constexpr std::uint8_t kFreeCounting = 1;  // statistics count every free
 inline constexpr std::uint8_t kFreeHeld = 2;      // Mode::held: frees wait
 
 struct Policy {
-  bool counting = false;  // statistics were asked for
-  bool routing = false;   // MNEMOSYNE_SIZE was given
+  bool counting = false;       // statistics were asked for
+  bool routing = false;        // MNEMOSYNE_SIZE was given
+  bool counting_only = false;  // counting && !routing: Mode::managed's common case
   std::size_t size_min = 0;
   std::size_t size_max = SIZE_MAX;
 };

@@ -5,7 +5,7 @@ namespace mnemosyne::stats {
 namespace detail {
 
 constinit Slot g_slots[kSlots + 1];
-__attribute__((tls_model("initial-exec"))) constinit thread_local int t_slot = -1;
+__attribute__((tls_model("initial-exec"))) constinit thread_local PoolSlot* t_pools = nullptr;
 
 }  // namespace detail
 
@@ -32,20 +32,28 @@ void publish_total(int pool, std::int64_t delta) noexcept {
 
 namespace detail {
 
-int claim_slot() noexcept {
-  const int claimed = g_next_slot.fetch_add(1, std::memory_order_relaxed);
-  t_slot = claimed < kSlots ? claimed : kSlots;
-  return t_slot;
-}
-
-void shared_count(PoolSlot& s, int pool, std::int64_t allocs, std::int64_t frees,
-                  std::uint64_t requested, std::int64_t live) noexcept {
-  if (allocs != 0) {
-    s.allocations.fetch_add(static_cast<std::uint64_t>(allocs), std::memory_order_relaxed);
-    s.bytes_requested.fetch_add(requested, std::memory_order_relaxed);
+void count_unslotted(int pool, std::int64_t allocs, std::int64_t frees, std::uint64_t requested,
+                     std::int64_t live) noexcept {
+  // Only read here: a thread that found the slots taken counts in the
+  // overflow slot from then on.
+  static __attribute__((tls_model("initial-exec"))) constinit thread_local bool t_overflow = false;
+  if (!t_overflow) {
+    const int claimed = g_next_slot.fetch_add(1, std::memory_order_relaxed);
+    if (claimed < kSlots) {
+      t_pools = g_slots[claimed].pools;
+      PoolSlot& s = t_pools[pool];
+      bump(s.allocations, static_cast<std::uint64_t>(allocs));
+      bump(s.frees, static_cast<std::uint64_t>(frees));
+      bump(s.bytes_requested, requested);
+      add_live(s, pool, live);
+      return;
+    }
+    t_overflow = true;
   }
-  if (frees != 0) s.frees.fetch_add(static_cast<std::uint64_t>(frees), std::memory_order_relaxed);
-  s.live.fetch_add(live, std::memory_order_relaxed);
+  PoolSlot& s = g_slots[kSlots].pools[pool];
+  s.allocations.fetch_add(static_cast<std::uint64_t>(allocs), std::memory_order_relaxed);
+  s.frees.fetch_add(static_cast<std::uint64_t>(frees), std::memory_order_relaxed);
+  s.bytes_requested.fetch_add(requested, std::memory_order_relaxed);
   publish_total(pool, live);
 }
 
@@ -61,12 +69,13 @@ void totals(PoolTotals out[kPools]) noexcept {
   const int last = used < kSlots ? used : kSlots;
   for (int p = 0; p < kPools; ++p) {
     PoolTotals t;
+    t.bytes_live = g_live[p].load(std::memory_order_relaxed);
     for (int i = 0; i <= last; ++i) {
       const PoolSlot& s = detail::g_slots[i].pools[p];
       t.allocations += s.allocations.load(std::memory_order_relaxed);
       t.frees += s.frees.load(std::memory_order_relaxed);
       t.bytes_requested += s.bytes_requested.load(std::memory_order_relaxed);
-      t.bytes_live += s.live.load(std::memory_order_relaxed);
+      t.bytes_live += s.unpublished.load(std::memory_order_relaxed);
     }
     // The published peak lags the exact live total by under 64 KiB a thread.
     const std::uint64_t peak = g_peak[p].load(std::memory_order_relaxed);

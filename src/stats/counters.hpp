@@ -2,10 +2,15 @@
 //
 // Each thread counts into a slot of its own (static storage, claimed once,
 // never freed, so no allocation and no lock), with relaxed atomics that only
-// the owning thread writes. A report sums the slots. Live bytes are also
-// published to a per-pool total every 64 KiB of change, which keeps a peak
-// exact to within 64 KiB per thread. After kSlots threads, further threads
-// share one overflow slot (atomic adds, slower, still exact).
+// the owning thread writes. A report sums the slots. Live bytes go to a
+// per-pool total every 64 KiB of change a thread makes (the rest waits in
+// its slot), which keeps a peak exact to within 64 KiB per thread; the live
+// total is that total plus every slot's unpublished bytes. After kSlots
+// threads, further threads share one overflow slot (atomic adds, out of
+// line, still exact).
+//
+// Counting runs on every malloc and free while statistics are on, so the
+// inline part is a thread-local pointer, three plain adds and one compare.
 #pragma once
 
 #include <atomic>
@@ -42,8 +47,7 @@ struct PoolSlot {
   std::atomic<std::uint64_t> allocations{0};
   std::atomic<std::uint64_t> frees{0};
   std::atomic<std::uint64_t> bytes_requested{0};
-  std::atomic<std::int64_t> live{0};         // this thread's net usable bytes
-  std::atomic<std::int64_t> unpublished{0};  // not yet in the pool's total
+  std::atomic<std::int64_t> unpublished{0};  // live bytes not yet in the pool's total
 };
 
 struct Slot {
@@ -51,14 +55,16 @@ struct Slot {
 };
 
 extern Slot g_slots[kSlots + 1];  // the last one is shared by overflow threads
-// The thread's slot, -1 before its first count. constinit on the
+// The thread's own slot's pools; null before its first count, and for
+// threads beyond kSlots (which count out of line). constinit on the
 // declaration too: without it every access calls a TLS wrapper.
-extern __attribute__((tls_model("initial-exec"))) constinit thread_local int t_slot;
+extern __attribute__((tls_model("initial-exec"))) constinit thread_local PoolSlot* t_pools;
 
-int claim_slot() noexcept;  // first count of a thread
-void shared_count(PoolSlot& s, int pool, std::int64_t allocs, std::int64_t frees,
-                  std::uint64_t requested, std::int64_t live) noexcept;  // overflow slot
-void publish(PoolSlot& s, int pool, std::int64_t pending) noexcept;      // every 64 KiB
+// A count of a thread without a slot of its own: claims one, or counts in
+// the overflow slot.
+void count_unslotted(int pool, std::int64_t allocs, std::int64_t frees, std::uint64_t requested,
+                     std::int64_t live) noexcept;
+void publish(PoolSlot& s, int pool, std::int64_t pending) noexcept;  // every 64 KiB
 
 // Adds to a counter only this thread writes: a plain load and store.
 template <class T>
@@ -66,24 +72,12 @@ inline void bump(std::atomic<T>& counter, T v) noexcept {
   counter.store(counter.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
 }
 
-// Inline: counting runs on every malloc and free while statistics are on.
-inline void count(int pool, std::int64_t allocs, std::int64_t frees, std::uint64_t requested,
-                  std::int64_t live) noexcept {
-  int index = t_slot;
-  if (__builtin_expect(index < 0, 0)) index = claim_slot();
-  PoolSlot& s = g_slots[index].pools[pool];
-  if (__builtin_expect(index == kSlots, 0)) {
-    shared_count(s, pool, allocs, frees, requested, live);
-    return;
-  }
-  if (allocs != 0) {
-    bump(s.allocations, static_cast<std::uint64_t>(allocs));
-    bump(s.bytes_requested, requested);
-  }
-  if (frees != 0) bump(s.frees, static_cast<std::uint64_t>(frees));
-  bump(s.live, live);
+inline void add_live(PoolSlot& s, int pool, std::int64_t live) noexcept {
   const std::int64_t pending = s.unpublished.load(std::memory_order_relaxed) + live;
-  if (__builtin_expect(pending >= kPublishBytes || pending <= -kPublishBytes, 0)) {
+  // |pending| >= kPublishBytes, in one unsigned compare.
+  if (__builtin_expect(static_cast<std::uint64_t>(pending + kPublishBytes - 1) >=
+                           static_cast<std::uint64_t>(2 * kPublishBytes - 1),
+                       0)) {
     publish(s, pool, pending);
   } else {
     s.unpublished.store(pending, std::memory_order_relaxed);
@@ -93,11 +87,26 @@ inline void count(int pool, std::int64_t allocs, std::int64_t frees, std::uint64
 }  // namespace detail
 
 inline void count_alloc(int pool, std::size_t requested, std::size_t usable) noexcept {
-  detail::count(pool, 1, 0, requested, static_cast<std::int64_t>(usable));
+  detail::PoolSlot* pools = detail::t_pools;
+  if (__builtin_expect(pools == nullptr, 0)) {
+    detail::count_unslotted(pool, 1, 0, requested, static_cast<std::int64_t>(usable));
+    return;
+  }
+  detail::PoolSlot& s = pools[pool];
+  detail::bump(s.allocations, std::uint64_t{1});
+  detail::bump(s.bytes_requested, static_cast<std::uint64_t>(requested));
+  detail::add_live(s, pool, static_cast<std::int64_t>(usable));
 }
 
 inline void count_free(int pool, std::size_t usable) noexcept {
-  detail::count(pool, 0, 1, 0, -static_cast<std::int64_t>(usable));
+  detail::PoolSlot* pools = detail::t_pools;
+  if (__builtin_expect(pools == nullptr, 0)) {
+    detail::count_unslotted(pool, 0, 1, 0, -static_cast<std::int64_t>(usable));
+    return;
+  }
+  detail::PoolSlot& s = pools[pool];
+  detail::bump(s.frees, std::uint64_t{1});
+  detail::add_live(s, pool, -static_cast<std::int64_t>(usable));
 }
 
 // Sums every thread's counts.

@@ -32,6 +32,14 @@
 //                              fails (ENOMEM) or the child finds every byte;
 //                              never a child with wrong data; the program's
 //                              RLIMIT_FSIZE (`ulimit -f`) stays as it set it
+//   promise_probe stats-live POOL
+//                              under the interposer with statistics on: blocks
+//                              of every size class and kind (aligned, calloc'd,
+//                              realloc'd, huge), half freed by another thread;
+//                              POOL's bytes_live (mnemosyne_stats_json) grows
+//                              by exactly their malloc_usable_size while they
+//                              live and comes back to where it was
+#include <dlfcn.h>
 #include <errno.h>
 #include <malloc.h>
 #include <pthread.h>
@@ -408,6 +416,100 @@ int mode_mallinfo() {
   return g_mallinfo_failures == 0 ? 0 : 1;
 }
 
+// POOL's bytes_live now, read from mnemosyne_stats_json (its string freed).
+long long live_bytes(char* (*stats)(), const char* pool) {
+  char* json = stats();
+  if (json == nullptr) return -1;
+  char key[64];
+  std::snprintf(key, sizeof key, "\"%s\": {", pool);
+  long long live = -1;
+  if (const char* at = std::strstr(json, key)) {
+    if (const char* field = std::strstr(at, "\"bytes_live\": ")) {
+      live = std::strtoll(field + std::strlen("\"bytes_live\": "), nullptr, 10);
+    }
+  }
+  std::free(json);
+  return live;
+}
+
+struct CrossFree {
+  void** blocks;
+  int count;
+  pthread_barrier_t* go;
+};
+
+void* cross_free_thread(void* arg) {
+  auto* work = static_cast<CrossFree*>(arg);
+  pthread_barrier_wait(work->go);  // the blocks are made
+  for (int i = 0; i < work->count; i += 2) std::free(work->blocks[i]);
+  pthread_barrier_wait(work->go);  // freed
+  return nullptr;
+}
+
+int mode_stats_live(const char* pool) {
+  using StatsFn = char* (*)();
+  const auto stats = reinterpret_cast<StatsFn>(dlsym(RTLD_DEFAULT, "mnemosyne_stats_json"));
+  if (stats == nullptr) {
+    std::printf("no mnemosyne_stats_json: not under the interposer\n");
+    return 1;
+  }
+  // The thread, and stdout's buffer, before the first reading: what they
+  // allocate is not the blocks'.
+  std::printf("stats-live [%s]\n", pool);
+  std::fflush(stdout);
+  constexpr int kCount = 64;
+  void* blocks[kCount] = {};
+  pthread_barrier_t go;
+  pthread_barrier_init(&go, nullptr, 2);
+  CrossFree work{blocks, kCount, &go};
+  pthread_t t;
+  if (pthread_create(&t, nullptr, cross_free_thread, &work) != 0) return 1;
+
+  const long long before = live_bytes(stats, pool);
+  const std::size_t sizes[] = {1,        8,        16,        24,       100,    512,
+                               1000,     4096,     10000,     70000,    300000, 1u << 20,
+                               2u << 20, 5u << 20, 20u << 20, 40u << 20};
+  constexpr int kSizes = sizeof sizes / sizeof sizes[0];
+  long long usable = 0;
+  for (int i = 0; i < kCount; ++i) {
+    const std::size_t size = opaque(sizes[i % kSizes]);
+    void* p = nullptr;
+    switch (i / kSizes) {
+      case 0:
+        p = std::malloc(size);
+        break;
+      case 1:
+        p = std::calloc(1, size);
+        break;
+      case 2:
+        if (posix_memalign(&p, i % 2 != 0 ? 4096 : 64, size) != 0) p = nullptr;
+        break;
+      default:
+        p = g_realloc(std::malloc(size / 2 + 1), size);
+        break;  // grown from half
+    }
+    if (p == nullptr) return 1;
+    std::memset(p, 0x5a, size < 4096 ? size : 4096);
+    blocks[i] = p;
+    usable += static_cast<long long>(malloc_usable_size(p));
+  }
+  const long long held = live_bytes(stats, pool);
+  pthread_barrier_wait(&go);  // the other thread frees the even blocks
+  pthread_barrier_wait(&go);
+  for (int i = 1; i < kCount; i += 2) std::free(blocks[i]);
+  const long long after = live_bytes(stats, pool);
+  pthread_join(t, nullptr);
+  std::printf("%s: live grew by %s while the blocks lived, and came back %s\n", pool,
+              held - before == usable ? "their usable size" : "another amount",
+              after == before ? "to where it was" : "elsewhere");
+  if (held - before != usable || after != before) {
+    std::fprintf(stderr, "before %lld, held %lld (blocks' usable size %lld), after %lld\n", before,
+                 held, usable, after);
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -425,8 +527,9 @@ int main(int argc, char** argv) {
   if (argc >= 3 && std::strcmp(argv[1], "fork-limit") == 0) {
     return mode_fork_limit(std::strtol(argv[2], nullptr, 10));
   }
+  if (argc >= 3 && std::strcmp(argv[1], "stats-live") == 0) return mode_stats_live(argv[2]);
   std::fprintf(stderr,
                "usage: promise_probe align|stats-cancel|impossible|calloc|calloc-big MiB|mallinfo|"
-               "phases KiB N|fork-limit MiB\n");
+               "phases KiB N|fork-limit MiB|stats-live POOL\n");
   return 2;
 }

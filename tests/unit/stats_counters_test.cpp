@@ -58,5 +58,31 @@ TEST(StatsCounters, PeakSurvivesFrees) {
   EXPECT_LE(t.bytes_peak, std::uint64_t{1000} * 4096);
 }
 
+// Threads beyond the kSlots own slots count in the shared overflow slot: the
+// totals stay exact, live bytes included.
+TEST(StatsCounters, ThreadsBeyondTheSlotsAddUpExactly) {
+  constexpr int kOverflowPool = 5;
+  const PoolTotals before = pool_totals(kOverflowPool);
+  constexpr int kThreads = detail::kSlots + 300;
+  constexpr int kBatch = 64;
+  for (int started = 0; started < kThreads; started += kBatch) {
+    std::vector<std::thread> batch;
+    for (int t = started; t < started + kBatch && t < kThreads; ++t) {
+      batch.emplace_back([t] {
+        count_alloc(kOverflowPool, 10, 16);
+        count_alloc(kOverflowPool, 20, 32);
+        if (t % 2 == 0) count_free(kOverflowPool, 32);
+      });
+    }
+    for (auto& th : batch) th.join();
+  }
+  const PoolTotals after = pool_totals(kOverflowPool);
+  EXPECT_EQ(after.allocations - before.allocations, std::uint64_t{2} * kThreads);
+  EXPECT_EQ(after.frees - before.frees, std::uint64_t{kThreads} / 2);
+  EXPECT_EQ(after.bytes_requested - before.bytes_requested, std::uint64_t{30} * kThreads);
+  EXPECT_EQ(after.bytes_live - before.bytes_live,
+            std::int64_t{16} * kThreads + std::int64_t{32} * (kThreads / 2));
+}
+
 }  // namespace
 }  // namespace mnemosyne::stats

@@ -127,6 +127,22 @@ int mnemosyne_mi_arena_retire(const void* arena_start);
  * not a retired arena of that size. */
 int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero);
 
+/* A block and its usable size (what mi_usable_size says of it). */
+typedef struct mnemosyne_mi_sized_s {
+  void* p;
+  size_t usable;
+} mnemosyne_mi_sized_t;
+
+/* mi_malloc(size), and the usable size of the block, read from the page that
+ * served it: statistics count every block's usable size, and a counted
+ * malloc then finds its page once, as mimalloc's own does. { NULL, 0 } when
+ * mi_malloc returns NULL. */
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size);
+
+/* mi_free(p) of a block of mimalloc's (not NULL), returning its usable size
+ * as mi_usable_size(p) said before the free: the same page is found once. */
+size_t mnemosyne_mi_free_sized(void* p);
+
 #ifdef __cplusplus
 }
 #endif
