@@ -1590,6 +1590,26 @@ def case_stats_api(tmp, backend):
     expect(doc["pools"][backend]["segments"] >= 1, "no segment reported")
 
 
+def case_vmm_missing(tmp, backend):
+    """pinned's default (PIN=vmm) on a driver whose virtual-memory API has no
+    host memory (CUDA 12.0 and 12.1: FAKECUDA_VMM_HOST=0, the granularity
+    query refused) or no virtual-memory API (no cuMemCreate): arenas locked
+    whole by cuMemHostAlloc, as PIN=arena, without a word; the program's
+    output is unchanged."""
+    for driver in ({"FAKECUDA_VMM_HOST": "0"}, {"FAKECUDA_MISSING": "cuMemCreate"}):
+        stats = os.path.join(tmp, "stats.json")
+        what = f"python3 with {driver}"
+        events, _, mine = twice(tmp, backend, [PYTHON, "-c", PY_WORKLOAD], what,
+                                extra_env=dict(driver, MNEMOSYNE_STATS_FILE=stats))
+        hosts = [e for e in events if e["event"] == "alloc" and e["kind"] == "host"]
+        expect(hosts, f"{what}: no cuMemHostAlloc arena in the driver's log")
+        expect(not fault_lines(mine), f"{what}: a warning: {fault_lines(mine)}")
+        with open(stats) as f:
+            pool = json.load(f)["pools"][backend]
+        expect(pool["segments"] >= 1 and pool["bytes_backed"] == pool["bytes_reserved"],
+               f"{what}: expected arenas locked whole: {pool}")
+
+
 def case_stats_live(tmp, backend):
     """With statistics on, a pool's bytes_live follows the blocks exactly: it
     grows by their malloc_usable_size while they live (blocks of every size
