@@ -50,26 +50,27 @@ for backend, managed, memtype in (("unified", "1", "device"), ("device", "1", "d
         expect(r.returncode == 0 and f.get("result") == "ok" and f.get("driver_memory") == "1"
                and f.get("is_managed") == managed and f.get("memory_type") == memtype,
                f"{backend}: a kernel adds 7 to {kind} memory in place", r)
-# Under MNEMOSYNE_PIN=vmm (granules of the driver's virtual-memory API,
-# opened to the device) as well.
+# Under MNEMOSYNE_PIN=arena (cuMemHostAlloc arenas; pinned's default, vmm,
+# maps granules of the driver's virtual-memory API, opened to the device)
+# as well.
 for kind in ("malloc", "vector"):
-    r, f = probe(["kernel", kind], preload="pinned", extra={"MNEMOSYNE_PIN": "vmm"})
+    r, f = probe(["kernel", kind], preload="pinned", extra={"MNEMOSYNE_PIN": "arena"})
     expect(r.returncode == 0 and f.get("result") == "ok" and f.get("driver_memory") == "1"
            and f.get("memory_type") == "host",
-           f"pinned, PIN=vmm: a kernel adds 7 to {kind} memory in place", r)
+           f"pinned, PIN=arena: a kernel adds 7 to {kind} memory in place", r)
 # Driver copies of malloc'd blocks, spanning 1 MiB boundaries: every block
-# under every backend by default and under MNEMOSYNE_PIN=vmm (granules side
-# by side in one reservation, which an H200 copied across); under
-# MNEMOSYNE_PIN=granule the double, like an H200, refuses a copy of a block
-# spanning two registrations.
+# under every backend by default (pinned: PIN=vmm, granules side by side in
+# one reservation, which an H200 copied across) and under
+# MNEMOSYNE_PIN=arena; under MNEMOSYNE_PIN=granule the double, like an H200,
+# refuses a copy of a block spanning two registrations.
 for backend, extra in (("unified", None), ("device", None), ("pinned", None),
-                       ("pinned", {"MNEMOSYNE_PIN": "vmm"}),
+                       ("pinned", {"MNEMOSYNE_PIN": "arena"}),
                        ("pinned", {"MNEMOSYNE_PIN": "granule"})):
     r, _ = probe(["copy"], preload=backend, extra=extra)
     rows = [dict(re.findall(r"(\w+)=(\S+)", l)) for l in r.stdout.splitlines()
             if l.startswith("copy ")]
     spanning = [row for row in rows if row["spans_mib_boundary"] == "1"]
-    if extra is None or extra["MNEMOSYNE_PIN"] == "vmm":
+    if extra is None or extra["MNEMOSYNE_PIN"] != "granule":
         expect(r.returncode == 0 and len(rows) == 4 and spanning
                and all(row["copy_out_ok"] == "1" for row in rows),
                f"{backend}: the driver copies every malloc'd block, across 1 MiB boundaries too", r)
