@@ -171,7 +171,8 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
 
 namespace {
 
-// Every malloc the fast path and counted_malloc leave.
+// Every malloc that mimalloc did not serve (Mode::arena: the arena grows),
+// that counted_malloc leaves, or of another mode.
 [[gnu::noinline]] void* malloc_other(std::size_t size) noexcept {
   const Mode mode = settled_mode();
   if (mode == Mode::arena) {  // mimalloc returned NULL (or the mode was held): grow, or fall back
@@ -199,9 +200,13 @@ namespace {
 }  // namespace
 
 void* malloc_slow(std::size_t size) noexcept {
-  if (__builtin_expect(current_mode() == Mode::managed && g_policy.counting_only, 1)) {
-    return counted_malloc(size);
+  const Mode mode = current_mode();
+  if (__builtin_expect(mode == Mode::arena, 1)) {  // mimalloc's generic path, then growth
+    void* p = mi_malloc(size);
+    if (__builtin_expect(p != nullptr, 1)) return p;
+    return malloc_other(size);
   }
+  if (mode == Mode::managed && g_policy.counting_only) return counted_malloc(size);
   return malloc_other(size);
 }
 

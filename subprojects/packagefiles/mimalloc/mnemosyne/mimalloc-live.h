@@ -127,6 +127,14 @@ int mnemosyne_mi_arena_retire(const void* arena_start);
  * not a retired arena of that size. */
 int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero);
 
+/* mi_malloc(size) where it is served at once: a small block from the free
+ * list of its size's page; NULL where mi_malloc would go on to its generic
+ * path (any other size, an empty free list). The interposer's malloc inlines
+ * this and leaves every other case to one tail call, so that it keeps
+ * nothing across a call: with mi_malloc inlined, the size waited in a saved
+ * register for the case where mi_malloc returns NULL and the arena grows. */
+void* mnemosyne_mi_malloc_fast(size_t size);
+
 /* A block and its usable size (what mi_usable_size says of it). */
 typedef struct mnemosyne_mi_sized_s {
   void* p;

@@ -434,6 +434,24 @@ int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero) {
   return 1;
 }
 
+/* mi_malloc's fast case alone (mimalloc-live.h): _mi_page_malloc's pop from
+ * a small size's page, without its call to _mi_malloc_generic. */
+void* mnemosyne_mi_malloc_fast(size_t size) {
+  if (mi_likely(size <= MI_SMALL_SIZE_MAX)) {
+    mi_heap_t* const heap = mi_get_default_heap();
+    mi_page_t* const page = _mi_heap_get_free_small_page(heap, size + MI_PADDING_SIZE);
+    mi_block_t* const block = page->free;
+    if (mi_likely(block != NULL)) {
+      page->used++;
+      page->free = mi_block_next(page, block);
+      mi_track_mem_undefined(block, mi_page_usable_block_size(page));
+      mi_track_malloc(block, size, false);
+      return block;
+    }
+  }
+  return NULL;
+}
+
 /* Counted malloc and free (mimalloc-live.h): alloc.c's fast paths, with the
  * usable size of the block read from its page on the way. In this release
  * build blocks carry no padding, so a page's usable block size is what
