@@ -427,7 +427,7 @@ say "## 5. cuDevicePrimaryCtxReset (what cudaDeviceReset does) under a live heap
 say ""
 say "| backend | last step reached | exit |"
 say "|---|---|---|"
-for backend in unified pinned host unified+own pinned+own; do
+for backend in unified pinned pinned+vmm host unified+own pinned+own; do
   status=$(run_step "reset-$backend" 60 "$backend" "$probe" reset)
   last=$(grep '^reset step=' "$logs/reset-$backend.log" | tail -n 1 | sed 's/^reset step=//')
   say "| $backend | ${last:-none} | $status |"
@@ -435,6 +435,7 @@ done
 say ""
 say "Steps: allocated, reset, read-old-block, freed-old-blocks, new-malloc-works; exit 139 is SIGSEGV."
 say "+own: MNEMOSYNE_CONTEXT=own, the heap in a context of mnemosyne's, which the reset should spare."
+say "pinned+vmm: what the reset does to granules of the virtual-memory API is documented nowhere (the README assumes it destroys them)."
 say ""
 
 # ---------------------------------------------------------------- 6. throughput
