@@ -21,11 +21,13 @@
 #include "cxx_alloc.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <iterator>
 
 #include "api_names.hpp"
@@ -89,11 +91,41 @@ constexpr std::nothrow_t kNothrowTag{};
 
 }  // namespace
 
+namespace {
+
+// Which of kRuntimes appear loaded (bit r), asked of the loader's own list:
+// dlopen(RTLD_NOLOAD) of a name that is not loaded searches the library path
+// like a real load (ld.so.cache, open, read), twenty system calls at the
+// start of every C program. A file whose name begins with the runtime's
+// (libstdc++.so.6.0.30 loaded by its path) counts: dlopen then finds it by
+// its soname.
+unsigned loaded_runtimes() noexcept {
+  unsigned found = 0;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, std::size_t, void* out) noexcept -> int {
+        if (info->dlpi_name == nullptr) return 0;
+        const char* slash = std::strrchr(info->dlpi_name, '/');
+        const char* base = slash != nullptr ? slash + 1 : info->dlpi_name;
+        for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
+          // The name up to ".so" and one more character: "libstdc++.so."
+          const std::size_t stem = std::strlen(kRuntimes[r]) - 1;
+          if (std::strncmp(base, kRuntimes[r], stem) == 0) *static_cast<unsigned*>(out) |= 1u << r;
+        }
+        return 0;
+      },
+      &found);
+  return found;
+}
+
+}  // namespace
+
 // dlopen and dlsym allocate: called at start, or on a failure, when malloc
 // may fail them too.
 void resolve_runtime() noexcept {
   if (g_resolved.load(std::memory_order_acquire)) return;
+  const unsigned loaded = loaded_runtimes();
   for (std::size_t r = 0; r < std::size(kRuntimes); ++r) {
+    if ((loaded & (1u << r)) == 0) continue;
     void* lib = dlopen(kRuntimes[r], RTLD_LAZY | RTLD_NOLOAD);
     if (lib == nullptr) continue;
     for (int i = 0; i < kPieceCount; ++i) {
