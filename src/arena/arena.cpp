@@ -428,7 +428,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   mnemosyne_mi_set_os_hook(&os_hook);
   mnemosyne_mi_set_readable_hook(&readable_hook);
   install_retire_hook();
-  mi_process_init();
+  mnemosyne_mi_load();
 
   report->requested = cfg.backend;
   g_state.backend.store(cfg.backend);

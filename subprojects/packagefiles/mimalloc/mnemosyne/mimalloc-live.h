@@ -55,6 +55,12 @@ size_t mnemosyne_mi_arena_in_use(const void* arena_start);
  * Async-signal-safe: it only writes memory. */
 void mnemosyne_mi_fork_child(void);
 
+/* Starts mimalloc (mimalloc-embedder-load.patch: no constructor does):
+ * reads its options, seeds the main heap, registers its exit and thread-exit
+ * handlers. Once, after the options and hooks are set and before the first
+ * allocation; later calls do nothing. */
+void mnemosyne_mi_load(void);
+
 /* Who clears a huge block (above 16 MiB) that calloc asks for when its
  * memory is not known zero (mimalloc-huge-calloc.patch); NULL, the default:
  * mimalloc's memset. Set once, before the first allocation. */

@@ -122,6 +122,10 @@ void* _mi_malloc_generic(mi_heap_t* heap, size_t size, bool zero,
 
 #include "mimalloc-live.h"
 
+void mnemosyne_mi_load(void) {
+  _mi_embedder_load();
+}
+
 void mnemosyne_mi_set_huge_clear(void (*clear)(void* p, size_t size)) {
   _mi_huge_clear = clear;
 }
