@@ -200,6 +200,107 @@ def instructions(argv, env):
     return int(m.group(1)) if m and p.returncode == 0 else None
 
 
+# The Windows table: workload, scale, quick scale. What the injected DLL's
+# fast path costs, measured under wine (no tool here counts a Windows
+# program's instructions: valgrind does not run wine, and this machine's
+# virtual CPU has no counters for perf).
+WINDOWS_WORKLOADS = [
+    ("churn", 2.0, 0.3),
+    ("malloc-simple", 1.0, 0.2),
+    ("realloc-chains", 1.0, 0.2),
+    ("malloc-thread", 0.5, 0.1),
+    ("larson", 0.5, 0.1),
+]
+
+
+def windows_table(build_win, runs, quick):
+    """The workloads under wine, three ways: workloads.exe on the C runtime's
+    heap (msvcrt, wine's HeapAlloc), workloads-mimalloc.exe on mnemosyne's
+    private mimalloc linked in, and workloads.exe with mnemosyne.dll
+    injected (host backend, and unified over the test double). The time is
+    the workload's own clock (work_ms), so wine's start is not in it; the
+    median of `runs` interleaved runs."""
+    exe = os.path.join(build_win, "bench", "workloads.exe")
+    exe_mi = os.path.join(build_win, "bench", "workloads-mimalloc.exe")
+    injector = os.path.join(build_win, "interpose", "windows", "mnemosyne-inject.exe")
+    fake = os.path.join(build_win, "tests", "fakecuda", "fakecuda.dll")
+    missing = [p for p in (exe, exe_mi, injector, fake) if not os.path.exists(p)]
+    if missing or shutil.which("wine") is None:
+        print(f"bench: no windows table (missing {missing or ['wine']})", flush=True)
+        return None
+    def winpath(path):  # as wine's Z: drive names it
+        return "Z:" + path.replace("/", "\\")
+
+    exe, exe_mi, injector, fake = (winpath(p) for p in (exe, exe_mi, injector, fake))
+    env = {**os.environ, "WINEPREFIX": os.path.join(build_win, "wine-bench"), "WINEDEBUG": "-all"}
+    env = {k: v for k, v in env.items() if not k.startswith(("MNEMOSYNE_", "FAKECUDA_", "MIMALLOC_"))}
+    if not os.path.isdir(env["WINEPREFIX"]):
+        subprocess.run(["wineboot", "-i"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # One wineserver for the whole table: started per program, it exits
+    # between them and a program may lose its connection.
+    subprocess.run(["wineserver", "-p"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    configs = [
+        ("runtime heap", lambda w, sc: [exe, w, sc]),
+        ("mimalloc (private build)", lambda w, sc: [exe_mi, w, sc]),
+        ("mnemosyne-host", lambda w, sc: [injector, "--backend=host", "--", exe, w, sc]),
+        ("mnemosyne-unified", lambda w, sc: [injector, "--backend=unified",
+                                             "--cuda-driver=" + fake, "--", exe, w, sc]),
+    ]
+    rows = []
+    try:
+        for name, full, quick_scale in WINDOWS_WORKLOADS:
+            scale = f"{quick_scale if quick else full:g}"
+            got = {c: [] for c, _ in configs}
+            for _ in range(max(runs, 3)):
+                for c, argv_of in configs:
+                    why = ""
+                    for _attempt in range(2):  # once more if wine lost its server
+                        try:
+                            p = subprocess.run(["wine"] + argv_of(name, scale), env=env,
+                                               capture_output=True, timeout=300)
+                        except subprocess.TimeoutExpired:
+                            why = "no answer in 300 s"
+                            continue
+                        m = re.search(rb"work_ms=([0-9.]+)", p.stderr)
+                        if p.returncode == 0 and m:
+                            got[c].append(float(m.group(1)))
+                            break
+                        why = f"rc={p.returncode}: {p.stderr.decode(errors='replace')[-300:]}"
+                    else:
+                        print(f"bench: windows {name} under {c} failed ({why})", flush=True)
+            base = statistics.median(got[configs[1][0]]) if got[configs[1][0]] else None
+            for c, _ in configs:
+                if got[c]:
+                    ms = statistics.median(got[c])
+                    rows.append({"workload": name, "allocator": c, "scale": scale, "work_ms": ms,
+                                 "ratio": ms / base if base else None})
+            print(f"windows {name}: " + "  ".join(f"{r['allocator']} {r['work_ms']:.1f} ms"
+                                                 for r in rows if r["workload"] == name),
+                  flush=True)
+    finally:
+        subprocess.run(["wineserver", "-k"], env=env, capture_output=True)
+    return rows, max(runs, 3)
+
+
+def windows_section(windows):
+    rows, n = windows
+    allocs = list(dict.fromkeys(r["allocator"] for r in rows))
+    md = ["## Windows (mnemosyne.dll injected, under wine)", "",
+          f"Work time of each workload by its own clock (wine's start excluded), median of {n} "
+          "interleaved runs; ratio to the same private mimalloc linked into the program. "
+          "No instruction counts: valgrind does not run wine and this machine's virtual CPU "
+          "has no counters.", "",
+          "| workload | " + " | ".join(allocs) + " |", "|---|" + "---|" * len(allocs)]
+    for name in dict.fromkeys(r["workload"] for r in rows):
+        cells = []
+        for a in allocs:
+            r = next((r for r in rows if r["workload"] == name and r["allocator"] == a), None)
+            cells.append("-" if r is None else
+                         f"{r['work_ms']:.1f} ms" + (f" ({r['ratio']:.2f}x)" if r["ratio"] else ""))
+        md.append(f"| {name} | " + " | ".join(cells) + " |")
+    return md + [""]
+
+
 def machine_line():
     cpu = "unknown CPU"
     try:
@@ -221,6 +322,8 @@ def main():
                     help="one run each at a small scale, callgrind for churn only: a smoke run")
     ap.add_argument("--runs", type=int, default=0, help="repetitions (default 3, quick 1)")
     ap.add_argument("--only", default="", help="comma-separated workloads")
+    ap.add_argument("--windows-build", default="",
+                    help="the mingw build (build-win): adds the windows table, run under wine")
     a = ap.parse_args()
     runs = a.runs or (1 if a.quick else 3)
     build = os.path.abspath(a.build)
@@ -297,9 +400,12 @@ def main():
     forks = None
     if not a.only or "fork" in a.only.split(","):
         forks = fork_costs(allocs, base_env, build, runs, a.quick)
+    windows = None
+    if a.windows_build and (not a.only or "windows" in a.only.split(",")):
+        windows = windows_table(os.path.abspath(a.windows_build), runs, a.quick)
     elapsed = time.monotonic() - started
     shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks)
+    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks, windows)
     if failures:
         print(f"bench: {failures} run(s) failed (above); their rows are missing")
     return 1 if failures else 0
@@ -339,12 +445,20 @@ def write_forks(out, forks, runs):
         f.write("\n".join(head + fork_section(forks)))
 
 
-def write_results(out, rows, runs, quick, elapsed, starts, forks):
+def write_results(out, rows, runs, quick, elapsed, starts, forks, windows):
     os.makedirs(out, exist_ok=True)
     if forks:
         write_forks(out, forks, runs)
-    if not rows:  # only the fork section was asked for (--only fork)
-        print("\n".join(fork_section(forks)) if forks else "bench: nothing ran")
+    if windows:
+        with open(os.path.join(out, "windows.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["workload", "allocator", "scale", "work_ms", "ratio"])
+            w.writeheader()
+            for r in windows[0]:
+                w.writerow({**r, "work_ms": f"{r['work_ms']:.2f}",
+                            "ratio": "" if r["ratio"] is None else f"{r['ratio']:.3f}"})
+    if not rows:  # only the fork or windows section was asked for (--only fork,windows)
+        md = (fork_section(forks) if forks else []) + (windows_section(windows) if windows else [])
+        print("\n".join(md) if md else "bench: nothing ran")
         return
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
               "driver_allocations", "instructions", "instructions_stats", "call_ms"]
@@ -409,6 +523,8 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks):
                 w.writerow({**r, "ms": f"{r['ms']:.3f}", "extra_ms": f"{r['extra_ms']:.3f}"})
     if forks:
         md += fork_section(forks)
+    if windows:
+        md += windows_section(windows)
     with open(os.path.join(out, "results.md"), "w") as f:
         f.write("\n".join(md))
     plot(out, rows, names, others, today)

@@ -5,6 +5,10 @@
 // wrote, and prints one line: "<name> ok <checksum>".
 //
 //   workloads NAME [SCALE]     SCALE (default 1.0) multiplies the work
+//
+// Built with WORKLOADS_MIMALLOC (Windows only: workloads-mimalloc.exe), the
+// same calls go to mnemosyne's private mimalloc linked in, the baseline the
+// injected DLL is measured against (bench/run_bench.py, windows table).
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -15,7 +19,36 @@
 #include <thread>
 #include <vector>
 
+#ifdef WORKLOADS_MIMALLOC
+#include <mimalloc-live.h>
+#include <mimalloc.h>
+#endif
+
 namespace {
+
+// The allocator under test: the C library's malloc (whatever serves it in
+// this process), or mimalloc called directly.
+namespace heap {
+#ifdef WORKLOADS_MIMALLOC
+void* malloc(std::size_t n) {
+  return mi_malloc(n);
+}
+void* calloc(std::size_t c, std::size_t n) {
+  return mi_calloc(c, n);
+}
+void* realloc(void* p, std::size_t n) {
+  return mi_realloc(p, n);
+}
+void free(void* p) {
+  mi_free(p);
+}
+#else
+using std::calloc;
+using std::free;
+using std::malloc;
+using std::realloc;
+#endif
+}  // namespace heap
 
 struct Rng {
   std::uint64_t s;
@@ -58,13 +91,13 @@ std::uint64_t churn(double scale) {
     const std::size_t slot = r.next() % 1000;
     if (live[slot] != nullptr) {
       sum += read_stamp(live[slot], sizes[slot]);
-      std::free(live[slot]);
+      heap::free(live[slot]);
     }
     sizes[slot] = 8 + r.next() % 1017;
-    live[slot] = must(std::malloc(sizes[slot]));
+    live[slot] = must(heap::malloc(sizes[slot]));
     stamp(live[slot], sizes[slot], static_cast<std::uint64_t>(i));
   }
-  for (void* p : live) std::free(p);
+  for (void* p : live) heap::free(p);
   return sum;
 }
 
@@ -88,10 +121,10 @@ std::uint64_t larson(double scale) {
           const std::size_t slot = r.next() % kSlots;
           if (mine[slot] != nullptr) {
             local += static_cast<unsigned char*>(mine[slot])[0];
-            std::free(mine[slot]);
+            heap::free(mine[slot]);
           }
           const std::size_t n = 16 + r.next() % 496;
-          mine[slot] = must(std::malloc(n));
+          mine[slot] = must(heap::malloc(n));
           static_cast<unsigned char*>(mine[slot])[0] = static_cast<unsigned char>(i);
         }
         sum += local;
@@ -100,7 +133,7 @@ std::uint64_t larson(double scale) {
     for (auto& th : pool) th.join();
   }
   for (auto& a : arrays) {
-    for (void* p : a) std::free(p);
+    for (void* p : a) heap::free(p);
   }
   return sum.load();
 }
@@ -123,7 +156,7 @@ std::uint64_t xmalloc(double scale) {
       Rng r{static_cast<std::uint64_t>(q + 7)};
       for (long i = 0; i < per_producer; ++i) {
         const std::size_t n = 8 + r.next() % 248;
-        auto* p = static_cast<unsigned char*>(must(std::malloc(n)));
+        auto* p = static_cast<unsigned char*>(must(heap::malloc(n)));
         p[0] = static_cast<unsigned char>(n);
         while (queue.head.load(std::memory_order_acquire) - queue.tail.load() >= 4096) {
           std::this_thread::yield();
@@ -144,7 +177,7 @@ std::uint64_t xmalloc(double scale) {
         const std::uint64_t t = queue.tail.load(std::memory_order_relaxed);
         auto* p = static_cast<unsigned char*>(queue.slots[t % 4096].load());
         local += p[0];
-        std::free(p);
+        heap::free(p);
         queue.tail.store(t + 1, std::memory_order_release);
       }
       sum += local;
@@ -166,10 +199,10 @@ std::uint64_t cache_scratch(double scale) {
     pool.emplace_back([&, t] {
       std::uint64_t local = 0;
       for (long i = 0; i < objects; ++i) {
-        auto* p = static_cast<volatile unsigned char*>(must(std::malloc(8)));
+        auto* p = static_cast<volatile unsigned char*>(must(heap::malloc(8)));
         for (int k = 0; k < 500; ++k) p[k % 8] = static_cast<unsigned char>(p[k % 8] + k + t);
         local += p[0];
-        std::free(const_cast<unsigned char*>(p));
+        heap::free(const_cast<unsigned char*>(p));
       }
       sum += local;
     });
@@ -189,12 +222,12 @@ std::uint64_t simple(double scale, int threads) {
     for (int round = 0; round < rounds; ++round) {
       const std::size_t n = 16u << (round % 5);
       for (void*& b : blocks) {
-        b = must(std::malloc(n));
+        b = must(heap::malloc(n));
         static_cast<unsigned char*>(b)[0] = static_cast<unsigned char>(round + t);
       }
       for (void* b : blocks) {
         local += static_cast<unsigned char*>(b)[0];
-        std::free(b);
+        heap::free(b);
       }
     }
     sum += local;
@@ -219,12 +252,12 @@ std::uint64_t realloc_chains(double scale) {
     if (live[slot] != nullptr && read_stamp(live[slot], sizes[slot]) != slot) {
       die("realloc lost a block's contents");
     }
-    live[slot] = must(std::realloc(live[slot], n));
+    live[slot] = must(heap::realloc(live[slot], n));
     sizes[slot] = n;
     stamp(live[slot], n, slot);
     sum += n;
   }
-  for (void* p : live) std::free(p);
+  for (void* p : live) heap::free(p);
   return sum;
 }
 
@@ -236,13 +269,13 @@ std::uint64_t large(double scale) {
     std::vector<unsigned char*> arrays;
     for (int k = 0; k < 4; ++k) {
       const std::size_t n = (std::size_t{16} << 20) << (k % 3);  // 16, 32, 64 MiB
-      auto* p = static_cast<unsigned char*>(must(std::malloc(n)));
+      auto* p = static_cast<unsigned char*>(must(heap::malloc(n)));
       for (std::size_t off = 0; off < n; off += 4096) p[off] = static_cast<unsigned char>(off);
       arrays.push_back(p);
     }
     for (unsigned char* p : arrays) {
       sum += p[4096];
-      std::free(p);
+      heap::free(p);
     }
   }
   return sum;
@@ -257,7 +290,7 @@ std::uint64_t threads_200(double) {
   std::vector<std::thread> pool;
   for (int t = 0; t < kThreads; ++t) {
     pool.emplace_back([&, t] {
-      blocks[t] = must(std::malloc(64));
+      blocks[t] = must(heap::malloc(64));
       static_cast<unsigned char*>(blocks[t])[0] = static_cast<unsigned char>(t);
       ready.fetch_add(1);
       while (ready.load() < kThreads) std::this_thread::yield();
@@ -267,7 +300,7 @@ std::uint64_t threads_200(double) {
   std::uint64_t sum = 0;
   for (void* b : blocks) {
     sum += static_cast<unsigned char*>(b)[0];
-    std::free(b);
+    heap::free(b);
   }
   return sum;
 }
@@ -276,13 +309,13 @@ std::uint64_t threads_200(double) {
 std::uint64_t calloc_large(double scale) {
   const std::size_t n = static_cast<std::size_t>((std::size_t{1} << 30) * scale);
   const auto start = std::chrono::steady_clock::now();
-  auto* p = static_cast<unsigned char*>(must(std::calloc(1, n)));
+  auto* p = static_cast<unsigned char*>(must(heap::calloc(1, n)));
   const std::chrono::duration<double, std::milli> call = std::chrono::steady_clock::now() - start;
   std::fprintf(stderr, "call_ms=%.3f\n", call.count());  // the call itself, for bench/run_bench.py
   std::uint64_t sum = 0;
   for (std::size_t off = 0; off < n; off += n / 16) sum += p[off];
   if (sum != 0) die("calloc memory is not zero");
-  std::free(p);
+  heap::free(p);
   return n;
 }
 
@@ -290,16 +323,16 @@ std::uint64_t calloc_large(double scale) {
 std::uint64_t realloc_grow(double scale) {
   const std::size_t limit = static_cast<std::size_t>((std::size_t{1} << 30) * scale);
   std::size_t n = 4096;
-  auto* p = static_cast<unsigned char*>(must(std::malloc(n)));
+  auto* p = static_cast<unsigned char*>(must(heap::malloc(n)));
   std::memset(p, 1, n);
   while (n < limit) {
     const std::size_t grown = n + n / 2;
-    p = static_cast<unsigned char*>(must(std::realloc(p, grown)));
+    p = static_cast<unsigned char*>(must(heap::realloc(p, grown)));
     if (p[n - 1] != 1) die("realloc lost the data");
     std::memset(p + n, 1, grown - n);
     n = grown;
   }
-  std::free(p);
+  heap::free(p);
   return n;
 }
 
@@ -312,7 +345,7 @@ std::uint64_t impossible(double scale) {
   volatile std::size_t base = SIZE_MAX;  // the compiler must not see the sizes
   std::uint64_t refused = 0;
   for (long i = 0; i < n; ++i) {
-    void* p = std::malloc(base - static_cast<std::size_t>(i % 4096));
+    void* p = heap::malloc(base - static_cast<std::size_t>(i % 4096));
     if (p != nullptr) die("an impossible size was served");
     ++refused;
   }
@@ -329,6 +362,9 @@ int main(int argc, char** argv) {
                  "realloc-grow impossible\n");
     return 2;
   }
+#ifdef WORKLOADS_MIMALLOC
+  mnemosyne_mi_load();  // the private build has no constructor of its own
+#endif
   const std::string name = argv[1];
   const double scale = argc > 2 ? std::atof(argv[2]) : 1.0;
   std::uint64_t sum;

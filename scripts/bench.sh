@@ -11,6 +11,14 @@ scripts/setup.sh >/dev/null
 [ -f build/build.ninja ] || meson setup build >/dev/null
 ninja -C build bench/workloads bench/fork_cost bench/libnaive-interposer.so interpose/libmnemosyne.so \
   tests/fakecuda/libfakecuda.so >/dev/null
+# The windows table, where the mingw build is configured (scripts/test.sh
+# --windows configures it) and wine is installed.
+windows=()
+if [ -f build-win/build.ninja ] && command -v wine >/dev/null; then
+  ninja -C build-win bench/workloads.exe bench/workloads-mimalloc.exe interpose/windows/mnemosyne.dll \
+    interpose/windows/mnemosyne-inject.exe tests/fakecuda/fakecuda.dll >/dev/null
+  windows=(--windows-build build-win)
+fi
 out=bench/results
 for arg in "$@"; do [ "$arg" = "--quick" ] && out=build/bench-quick; done
-exec /usr/bin/python3 bench/run_bench.py --build build --out "$out" "$@"
+exec /usr/bin/python3 bench/run_bench.py --build build --out "$out" "${windows[@]}" "$@"
