@@ -85,4 +85,13 @@ void totals(PoolTotals out[kPools]) noexcept {
   }
 }
 
+void* count_alloc_rare(void* p, int pool, std::size_t requested, std::size_t usable) noexcept {
+  count_alloc(pool, requested, usable);
+  return p;
+}
+
+void count_free_rare(int pool, std::size_t usable) noexcept {
+  count_free(pool, usable);
+}
+
 }  // namespace mnemosyne::stats

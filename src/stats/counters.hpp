@@ -109,6 +109,41 @@ inline void count_free(int pool, std::size_t usable) noexcept {
   detail::add_live(s, pool, -static_cast<std::int64_t>(usable));
 }
 
+// count_alloc and count_free where they end a counted malloc or free: the
+// rare cases (a thread without a slot, a publish) are tail calls, so the
+// common case needs no register saved across a call; that case costs a
+// plain path with statistics on about 14 instructions a malloc or free.
+[[gnu::noinline]] void* count_alloc_rare(void* p, int pool, std::size_t requested,
+                                         std::size_t usable) noexcept;
+[[gnu::noinline]] void count_free_rare(int pool, std::size_t usable) noexcept;
+
+inline void* count_alloc_then(void* p, int pool, std::size_t requested,
+                              std::size_t usable) noexcept {
+  detail::PoolSlot* pools = detail::t_pools;
+  if (__builtin_expect(pools == nullptr, 0)) return count_alloc_rare(p, pool, requested, usable);
+  detail::PoolSlot& s = pools[pool];
+  const std::int64_t pending =
+      s.unpublished.load(std::memory_order_relaxed) + static_cast<std::int64_t>(usable);
+  if (__builtin_expect(pending >= detail::kPublishBytes, 0)) {
+    return count_alloc_rare(p, pool, requested, usable);
+  }
+  detail::bump(s.allocations, std::uint64_t{1});
+  detail::bump(s.bytes_requested, static_cast<std::uint64_t>(requested));
+  s.unpublished.store(pending, std::memory_order_relaxed);
+  return p;
+}
+
+inline void count_free_then(int pool, std::size_t usable) noexcept {
+  detail::PoolSlot* pools = detail::t_pools;
+  if (__builtin_expect(pools == nullptr, 0)) return count_free_rare(pool, usable);
+  detail::PoolSlot& s = pools[pool];
+  const std::int64_t pending =
+      s.unpublished.load(std::memory_order_relaxed) - static_cast<std::int64_t>(usable);
+  if (__builtin_expect(pending <= -detail::kPublishBytes, 0)) return count_free_rare(pool, usable);
+  detail::bump(s.frees, std::uint64_t{1});
+  s.unpublished.store(pending, std::memory_order_relaxed);
+}
+
 // Sums every thread's counts.
 void totals(PoolTotals out[kPools]) noexcept;
 

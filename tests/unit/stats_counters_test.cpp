@@ -45,6 +45,43 @@ TEST(StatsCounters, ThreadsAddUpExactly) {
   EXPECT_GE(after.bytes_peak, static_cast<std::uint64_t>(after.bytes_live));
 }
 
+// The forms a counted malloc or free ends with (count_alloc_then,
+// count_free_then) count what count_alloc and count_free do: a thread's
+// first count (no slot yet), blocks large enough that every few counts
+// publish, and the block handed back.
+TEST(StatsCounters, EndingFormsAddUpExactly) {
+  constexpr int kThenPool = 2;
+  const PoolTotals before = pool_totals(kThenPool);
+  constexpr int kThreads = 4;
+  constexpr int kOps = 5000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([t] {
+      int block = 0;
+      for (int i = 0; i < kOps; ++i) {
+        const std::size_t usable = (i % 3 == 0) ? 40000 : 48 + t;
+        EXPECT_EQ(count_alloc_then(&block, kThenPool, usable - 8, usable), &block);
+        if (i % 2 == 0) count_free_then(kThenPool, usable);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  const PoolTotals after = pool_totals(kThenPool);
+  EXPECT_EQ(after.allocations - before.allocations, std::uint64_t{kThreads} * kOps);
+  EXPECT_EQ(after.frees - before.frees, std::uint64_t{kThreads} * kOps / 2);
+  std::uint64_t requested = 0;
+  std::int64_t live = 0;
+  for (int t = 0; t < kThreads; ++t) {
+    for (int i = 0; i < kOps; ++i) {
+      const std::size_t usable = (i % 3 == 0) ? 40000 : 48 + t;
+      requested += usable - 8;
+      if (i % 2 != 0) live += static_cast<std::int64_t>(usable);
+    }
+  }
+  EXPECT_EQ(after.bytes_requested - before.bytes_requested, requested);
+  EXPECT_EQ(after.bytes_live - before.bytes_live, live);
+}
+
 TEST(StatsCounters, PeakSurvivesFrees) {
   constexpr int kPeakPool = 4;
   std::thread([] {

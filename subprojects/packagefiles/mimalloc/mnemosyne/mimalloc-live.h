@@ -157,6 +157,14 @@ mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size);
  * as mi_usable_size(p) said before the free: the same page is found once. */
 size_t mnemosyne_mi_free_sized(void* p);
 
+/* The common cases of the two above alone, with no call in them, so that a
+ * counted malloc or free whose case this is saves no register: a small
+ * block from its page's free list ({ NULL, 0 } otherwise, nothing done), and
+ * the free of a block of this thread's page that is not the page's last
+ * (0 otherwise, nothing done). */
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_fast_sized(size_t size);
+size_t mnemosyne_mi_free_local_sized(void* p);
+
 #ifdef __cplusplus
 }
 #endif

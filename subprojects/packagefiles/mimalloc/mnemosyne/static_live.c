@@ -477,6 +477,42 @@ mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size) {
   return r;
 }
 
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_fast_sized(size_t size) {
+  mnemosyne_mi_sized_t r = { NULL, 0 };
+  if (mi_likely(size <= MI_SMALL_SIZE_MAX)) {
+    mi_heap_t* const heap = mi_get_default_heap();
+    mi_page_t* const page = _mi_heap_get_free_small_page(heap, size + MI_PADDING_SIZE);
+    mi_block_t* const block = page->free;
+    if (mi_likely(block != NULL)) {
+      page->used++;
+      page->free = mi_block_next(page, block);
+      mi_track_mem_undefined(block, mi_page_usable_block_size(page));
+      mi_track_malloc(block, size, false);
+      r.p = block;
+      r.usable = mi_page_usable_block_size(page);
+    }
+  }
+  return r;
+}
+
+size_t mnemosyne_mi_free_local_sized(void* p) {
+  mi_segment_t* const segment = _mi_ptr_segment(p);
+  mi_page_t* const page = _mi_segment_page_of(segment, p);
+  if (mi_likely(_mi_thread_id() == mi_atomic_load_relaxed(&segment->thread_id) &&
+                page->flags.full_aligned == 0 && page->used > 1)) {  /* not the last: no retire */
+    mi_block_t* const block = (mi_block_t*)p;
+    if (mi_unlikely(mi_check_is_double_free(page, block))) return mi_page_usable_block_size(page);
+    mi_check_padding(page, block);
+    mi_stat_free(page, block);
+    mi_track_free(p);
+    mi_block_set_next(page, block, page->local_free);
+    page->local_free = block;
+    page->used--;
+    return mi_page_usable_block_size(page);
+  }
+  return 0;
+}
+
 size_t mnemosyne_mi_free_sized(void* p) {
   mi_segment_t* const segment = _mi_ptr_segment(p);
   mi_page_t* const page = _mi_segment_page_of(segment, p);
