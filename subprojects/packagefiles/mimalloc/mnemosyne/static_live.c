@@ -439,45 +439,13 @@ int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero) {
 }
 
 /* mi_malloc's fast case alone (mimalloc-live.h): _mi_page_malloc's pop from
- * a small size's page, without its call to _mi_malloc_generic. */
-void* mnemosyne_mi_malloc_fast(size_t size) {
-  if (mi_likely(size <= MI_SMALL_SIZE_MAX)) {
-    mi_heap_t* const heap = mi_get_default_heap();
-    mi_page_t* const page = _mi_heap_get_free_small_page(heap, size + MI_PADDING_SIZE);
-    mi_block_t* const block = page->free;
-    if (mi_likely(block != NULL)) {
-      page->used++;
-      page->free = mi_block_next(page, block);
-      mi_track_mem_undefined(block, mi_page_usable_block_size(page));
-      mi_track_malloc(block, size, false);
-      return block;
-    }
-  }
-  return NULL;
-}
-
-/* Counted malloc and free (mimalloc-live.h): alloc.c's fast paths, with the
+ * a small size's page, without its call to _mi_malloc_generic; with the
  * usable size of the block read from its page on the way. In this release
  * build blocks carry no padding, so a page's usable block size is what
  * mi_usable_size says of a block that starts a block (every plain malloc's),
- * aligned blocks or not. */
-mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size) {
-  mnemosyne_mi_sized_t r;
-  mi_heap_t* const heap = mi_get_default_heap();
-  if (mi_likely(size <= MI_SMALL_SIZE_MAX)) {
-    mi_page_t* const page = _mi_heap_get_free_small_page(heap, size + MI_PADDING_SIZE);
-    if (mi_likely(page->free != NULL)) {
-      r.p = _mi_page_malloc(heap, page, size + MI_PADDING_SIZE, false);
-      r.usable = mi_page_usable_block_size(page);
-      return r;
-    }
-  }
-  r.p = mi_heap_malloc(heap, size);
-  r.usable = r.p != NULL ? mi_usable_size(r.p) : 0;
-  return r;
-}
-
-mnemosyne_mi_sized_t mnemosyne_mi_malloc_fast_sized(size_t size) {
+ * aligned blocks or not. Always inlined, here and through link-time
+ * optimization into mnemosyne's paths, whichever of them calls it. */
+static inline __attribute__((always_inline)) mnemosyne_mi_sized_t malloc_fast_sized(size_t size) {
   mnemosyne_mi_sized_t r = { NULL, 0 };
   if (mi_likely(size <= MI_SMALL_SIZE_MAX)) {
     mi_heap_t* const heap = mi_get_default_heap();
@@ -495,7 +463,25 @@ mnemosyne_mi_sized_t mnemosyne_mi_malloc_fast_sized(size_t size) {
   return r;
 }
 
-size_t mnemosyne_mi_free_local_sized(void* p) {
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_fast_sized(size_t size) {
+  return malloc_fast_sized(size);
+}
+
+void* mnemosyne_mi_malloc_fast(size_t size) {
+  return malloc_fast_sized(size).p;  /* the usable size, never read, is not loaded */
+}
+
+/* Counted malloc and free (mimalloc-live.h): the common cases above, else
+ * mimalloc's own path and the usable size of what it served or frees. */
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size) {
+  mnemosyne_mi_sized_t r = malloc_fast_sized(size);
+  if (mi_likely(r.p != NULL)) return r;
+  r.p = mi_malloc(size);
+  r.usable = r.p != NULL ? mi_usable_size(r.p) : 0;
+  return r;
+}
+
+static inline __attribute__((always_inline)) size_t free_local_sized(void* p) {
   mi_segment_t* const segment = _mi_ptr_segment(p);
   mi_page_t* const page = _mi_segment_page_of(segment, p);
   if (mi_likely(_mi_thread_id() == mi_atomic_load_relaxed(&segment->thread_id) &&
@@ -513,23 +499,14 @@ size_t mnemosyne_mi_free_local_sized(void* p) {
   return 0;
 }
 
+size_t mnemosyne_mi_free_local_sized(void* p) {
+  return free_local_sized(p);
+}
+
 size_t mnemosyne_mi_free_sized(void* p) {
-  mi_segment_t* const segment = _mi_ptr_segment(p);
-  mi_page_t* const page = _mi_segment_page_of(segment, p);
-  const bool is_local = _mi_thread_id() == mi_atomic_load_relaxed(&segment->thread_id);
-  if (mi_likely(is_local && page->flags.full_aligned == 0)) {  /* mi_free's local case */
-    const size_t usable = mi_page_usable_block_size(page);
-    mi_block_t* const block = (mi_block_t*)p;
-    if (mi_unlikely(mi_check_is_double_free(page, block))) return usable;
-    mi_check_padding(page, block);
-    mi_stat_free(page, block);
-    mi_track_free(p);
-    mi_block_set_next(page, block, page->local_free);
-    page->local_free = block;
-    if (mi_unlikely(--page->used == 0)) _mi_page_retire(page);
-    return usable;
-  }
-  const size_t usable = mi_usable_size(p);
-  _mi_free_generic(segment, page, is_local, p);
+  const size_t local = free_local_sized(p);
+  if (mi_likely(local != 0)) return local;
+  const size_t usable = mi_usable_size(p);  /* another thread's, or its page's last */
+  mi_free(p);
   return usable;
 }
