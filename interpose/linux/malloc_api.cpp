@@ -255,7 +255,8 @@ namespace {
 
 }  // namespace
 
-void free_slow(void* ptr, std::uint8_t tag) noexcept {
+void free_slow(void* ptr) noexcept {
+  const std::uint8_t tag = owner_tag(ptr);
   if (__builtin_expect(g_free_checks.load(std::memory_order_relaxed) == kFreeCounting &&
                            (tag & kOwnerArena) != 0,
                        1)) {

@@ -16,7 +16,10 @@ enum class Mode : std::uint8_t {
                  // system allocator, frees go on (hold.hpp)
 };
 
-// What the fast path of free() must leave to free_slow, in one load.
+// What free_slow must do besides freeing, in one load. The fast path of
+// free() reads none of it: while any bit is set, the ownership map's arena
+// entries lack kOwnerFastFree (arena::set_fast_frees, turned by bootstrap.cpp
+// and hold.cpp), so every free comes here.
 inline constexpr std::uint8_t kFreeCounting = 1;  // statistics count every free
 inline constexpr std::uint8_t kFreeHeld = 2;      // Mode::held: frees wait
 

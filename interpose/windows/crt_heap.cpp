@@ -157,12 +157,13 @@ void* crt_malloc(std::size_t size) noexcept {
 
 template <int C>
 void crt_free(void* p) noexcept {
-  const std::uint8_t tag = owner_tag(p);
-  if (MN_LIKELY((tag & kOwnerArena) != 0 && !g_policy.counting)) {
+  // An arena block while statistics are off (arena::set_fast_frees): one
+  // test of its ownership-map entry.
+  if (MN_LIKELY(owner_fast_free(p))) {
     mi_free(p);
     return;
   }
-  free_slow<C>(p, tag, false);
+  free_slow<C>(p, owner_tag(p), false);
 }
 
 template <int C>
@@ -278,12 +279,11 @@ void* crt_aligned_malloc(std::size_t size, std::size_t alignment) noexcept {
 
 template <int C>
 void crt_aligned_free(void* p) noexcept {
-  const std::uint8_t tag = owner_tag(p);
-  if (MN_LIKELY((tag & kOwnerArena) != 0 && !g_policy.counting)) {
+  if (MN_LIKELY(owner_fast_free(p))) {
     mi_free(p);
     return;
   }
-  free_slow<C>(p, tag, true);
+  free_slow<C>(p, owner_tag(p), true);
 }
 
 template <int C>

@@ -137,6 +137,7 @@ void start() noexcept {
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   if (g_policy.counting) remember_runtime_blocks();
+  arena::set_fast_frees(!g_policy.counting);
   g_policy.routing = o.size_routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;

@@ -128,6 +128,26 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
 
 bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 
+// Tags a new arena's chunks in the ownership map, in step with
+// set_fast_frees on another thread: the arena is in the table already, so a
+// turn that writes the flag after this reads it finds the arena and sets its
+// entries itself; one that wrote before is seen by the next read here.
+// Walks are serialised (the fork lock), so what the last read said is what
+// the entries keep.
+void tag_arena(const Segment& seg, std::uint8_t tag) noexcept {
+  bool fast = g_state.fast_frees.load(std::memory_order_seq_cst);
+  owner_map_set(seg.start, seg.size, fast ? static_cast<std::uint8_t>(tag | kOwnerFastFree) : tag);
+  for (;;) {
+    // The entries written before the flag is read again (set_fast_frees
+    // writes the flag before it reads the entries).
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    const bool now = g_state.fast_frees.load(std::memory_order_seq_cst);
+    if (now == fast) return;
+    fast = now;
+    owner_map_set_fast(seg.start, seg.size, fast);
+  }
+}
+
 // Whether arenas of `backend` are reservations, backed where mimalloc
 // commits (host; pinned under MNEMOSYNE_PIN=granule), rather than memory
 // the backend commits whole (managed memory; pinned by default). A
@@ -156,8 +176,7 @@ bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
     release_segment(seg);
     return false;
   }
-  owner_map_set(seg.start, seg.size,
-                static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
+  tag_arena(seg, static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
   if (!mnemosyne_mi_arena_revive(slot, seg.start, seg.size, reads_zero(seg))) {
     Segment removed;
     g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
@@ -212,9 +231,8 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
                   SegmentTable::kCapacity);
     return false;
   }
-  owner_map_set(seg.start, seg.size,
-                static_cast<std::uint8_t>(kOwnerArena | (seg.on_demand ? kOwnerOnDemand : 0) |
-                                          std::uint8_t(backend)));
+  tag_arena(seg, static_cast<std::uint8_t>(kOwnerArena | (seg.on_demand ? kOwnerOnDemand : 0) |
+                                           std::uint8_t(backend)));
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
   // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
@@ -561,6 +579,17 @@ void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
 
 const char* fallback_reason() noexcept {
   return g_state.fallback_reason;
+}
+
+void set_fast_frees(bool on) noexcept {
+  g_state.fast_frees.store(on, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // see tag_arena
+  SpinGuard guard(g_state.table.lock());
+  const SegmentTable::Entry* entries = g_state.table.entries();
+  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+    const SegmentTable::Entry& e = entries[i];
+    if (e.used && !e.dedicated) owner_map_set_fast(e.segment.start, e.segment.size, on);
+  }
 }
 
 void stats(Stats* out) noexcept {

@@ -166,6 +166,105 @@ TEST(Arena, RacingThreadsGrowByOneArenaAtATime) {
   });
 }
 
+// The free fast path's one test (owner_fast_free): arena blocks while fast
+// frees are on, never a dedicated block, a foreign pointer or nullptr; arenas
+// added while another thread turns the switch follow it too.
+TEST(Arena, FastFreesFollowTheirSwitch) {
+  IN_FRESH_PROCESS({
+    arena::Config cfg = config(BackendId::unified);
+    cfg.first_segment = 32 * kMiB;
+    ASSERT_TRUE(start_arena(cfg));
+    void* small = arena::alloc(100);
+    void* dedicated = arena::alloc_aligned(100, 64 * kMiB);
+    ASSERT_NE(small, nullptr);
+    ASSERT_NE(dedicated, nullptr);
+    ASSERT_NE(owner_tag(dedicated) & kOwnerDedicated, 0);
+    EXPECT_FALSE(owner_fast_free(small)) << "off at start";
+    arena::set_fast_frees(true);
+    EXPECT_TRUE(owner_fast_free(small));
+    EXPECT_FALSE(owner_fast_free(dedicated));
+    int local = 0;
+    EXPECT_FALSE(owner_fast_free(&local));
+    EXPECT_FALSE(owner_fast_free(nullptr));
+    EXPECT_FALSE(owner_fast_free(reinterpret_cast<void*>(~std::uintptr_t{0} - 64)));
+    // An arena added while off starts off, and follows the next turn.
+    std::vector<void*> filled;
+    auto segments = [] {
+      arena::Stats now;
+      arena::stats(&now);
+      return now.segments;
+    };
+    auto grow = [&] {  // the first block of a new arena
+      const std::uint64_t before = segments();
+      while (true) {
+        void* p = arena::alloc(16 * kMiB);
+        if (p == nullptr) return p;
+        filled.push_back(p);
+        if (segments() > before) return p;
+      }
+    };
+    arena::set_fast_frees(false);
+    void* grown_off = grow();
+    ASSERT_NE(grown_off, nullptr);
+    EXPECT_FALSE(owner_fast_free(grown_off));
+    arena::set_fast_frees(true);
+    EXPECT_TRUE(owner_fast_free(grown_off));
+    void* grown_on = grow();
+    ASSERT_NE(grown_on, nullptr);
+    EXPECT_TRUE(owner_fast_free(grown_on)) << "an arena added while on";
+    const std::uint64_t grown = segments();
+    EXPECT_EQ(grown, 3u) << "the first arena and the two it grew by";
+
+    // Growth (1 MiB blocks, arenas of 32 MiB and up) on four threads while
+    // this one turns the switch; then every block follows its last turn.
+    constexpr int kThreads = 4;
+    std::vector<std::vector<void*>> blocks(kThreads);
+    std::atomic<bool> done{false};
+    std::vector<std::thread> pool;
+    for (int t = 0; t < kThreads; ++t) {
+      pool.emplace_back([&blocks, t] {
+        for (int i = 0; i < 160; ++i) blocks[t].push_back(arena::alloc(kMiB));
+      });
+    }
+    bool last = true;
+    std::thread toggler([&] {
+      while (!done.load()) {
+        last = !last;
+        arena::set_fast_frees(last);
+      }
+    });
+    for (auto& th : pool) th.join();
+    done = true;
+    toggler.join();
+    arena::Stats stats;
+    arena::stats(&stats);
+    EXPECT_GT(stats.segments, grown) << "the arena should have grown meanwhile";
+    for (const auto& v : blocks) {
+      for (void* p : v) {
+        ASSERT_NE(p, nullptr);
+        ASSERT_EQ(owner_fast_free(p), last) << "an arena added during the turns";
+      }
+    }
+    for (bool on : {false, true}) {
+      arena::set_fast_frees(on);
+      EXPECT_EQ(owner_fast_free(small), on);
+      EXPECT_FALSE(owner_fast_free(dedicated));
+      for (const auto& v : blocks) {
+        for (void* p : v) {
+          ASSERT_NE(owner_tag(p) & kOwnerArena, 0);
+          ASSERT_EQ(owner_fast_free(p), on);
+        }
+      }
+    }
+    for (auto& v : blocks) {
+      for (void* p : v) release(p);
+    }
+    for (void* p : filled) release(p);
+    release(small);
+    release(dedicated);
+  });
+}
+
 // An arena that starts with one 32 MiB segment of room.
 arena::Config one_segment(BackendId backend) {
   arena::Config cfg = config(backend);
