@@ -37,6 +37,13 @@ inline std::uint8_t owner_tag(const void* ptr) noexcept {
   return g_owner_map[chunk].load(std::memory_order_acquire);
 }
 
+// owner_tag of a block mimalloc's arenas just served: those lie in the map,
+// so no bounds test.
+inline std::uint8_t arena_block_tag(const void* block) noexcept {
+  const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(block) >> kSegmentShift;
+  return g_owner_map[chunk & (kOwnerMapEntries - 1)].load(std::memory_order_acquire);
+}
+
 // Whether a free of `ptr` may go straight to mimalloc: an arena block while
 // fast frees are on. False for nullptr (chunk 0 is never an arena's).
 inline bool owner_fast_free(const void* ptr) noexcept {

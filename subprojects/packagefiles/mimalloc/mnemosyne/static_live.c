@@ -457,7 +457,9 @@ static inline __attribute__((always_inline)) mnemosyne_mi_sized_t malloc_fast_si
       mi_track_mem_undefined(block, mi_page_usable_block_size(page));
       mi_track_malloc(block, size, false);
       r.p = block;
-      r.usable = mi_page_usable_block_size(page);
+      /* A small page's block size, never MI_HUGE_BLOCK_SIZE's mark: read
+       * directly, without mi_page_block_size's test for a huge page. */
+      r.usable = (size_t)page->xblock_size - MI_PADDING_SIZE;
     }
   }
   return r;
@@ -494,7 +496,10 @@ static inline __attribute__((always_inline)) size_t free_local_sized(void* p) {
     mi_block_set_next(page, block, page->local_free);
     page->local_free = block;
     page->used--;
-    return mi_page_usable_block_size(page);
+    /* More than one block in the page: its blocks are smaller than
+     * MI_HUGE_BLOCK_SIZE (a page of a larger one holds that one alone), so
+     * xblock_size is the block size itself. */
+    return (size_t)page->xblock_size - MI_PADDING_SIZE;
   }
   return 0;
 }
