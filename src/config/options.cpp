@@ -36,12 +36,19 @@ enum Row : std::size_t {
   kRowCount
 };
 
-// PIN's default (kDefaultPin, options.hpp) differs by platform.
-#ifdef _WIN32
-constexpr char kPinDefaultText[] = "arena";
-#else
-constexpr char kPinDefaultText[] = "vmm";
-#endif
+// PIN's values as a user writes them; the table's default text is
+// kDefaultPin's (options.hpp), which differs by platform.
+constexpr const char* pin_name(Pin pin) {
+  switch (pin) {
+    case Pin::arena:
+      return "arena";
+    case Pin::granule:
+      return "granule";
+    case Pin::vmm:
+      return "vmm";
+  }
+  return "";
+}
 
 constexpr OptionInfo kTable[kRowCount] = {
     {"BACKEND", Type::choice, "unified",
@@ -80,7 +87,7 @@ constexpr OptionInfo kTable[kRowCount] = {
      "managed: no, as the driver documents), yes or no. Where it is not zero, mnemosyne clears "
      "what must be zero itself; yes on a driver that does not zero crashes the process.",
      "MNEMOSYNE_ZEROED=no"},
-    {"PIN", Type::choice, kPinDefaultText,
+    {"PIN", Type::choice, pin_name(kDefaultPin),
      "What the pinned backend page-locks: vmm (only the granules in use, 2 MiB on current "
      "GPUs, host memory of the driver's virtual-memory API, given back when unused; the driver "
      "copies any block; needs a CUDA 12.2 driver, else as arena), arena (each arena whole, as "
@@ -364,8 +371,8 @@ void Reader::apply(Row row, const Entry& e) noexcept {
              "auto, yes or no", &o.zeroed);
       return;
     case kPin:
-      choose(row, e, {"arena", "granule", "vmm"}, {Pin::arena, Pin::granule, Pin::vmm},
-             "arena, granule or vmm", &o.pin);
+      choose(row, e, {pin_name(Pin::arena), pin_name(Pin::granule), pin_name(Pin::vmm)},
+             {Pin::arena, Pin::granule, Pin::vmm}, "arena, granule or vmm", &o.pin);
       return;
     case kVerbose:
     case kShowStats:
