@@ -94,7 +94,7 @@ void start(const char* argv0) noexcept {
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;
   g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);
-  arena::set_fast_frees(!g_policy.counting);
+  arena::set_free_route(free_route_of(g_free_checks.load(std::memory_order_relaxed)));
   if (g_policy.counting) install_exit_report();
   g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
                std::memory_order_release);

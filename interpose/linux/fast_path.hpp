@@ -32,17 +32,20 @@ inline void* fast_malloc(std::size_t size) noexcept {
   return malloc_slow(size);
 }
 
-// One byte of the ownership map says both "an arena block" and "nothing to
-// check" (kOwnerFastFree); then mimalloc's free, inlined.
+// One byte of the ownership map says both "an arena block" and what its free
+// needs (its free route): nothing but mimalloc's free, inlined here; or a
+// count after it, or every check, both free_slow's.
 inline void fast_free(void* ptr) noexcept {
-  if (__builtin_expect(owner_fast_free(ptr), 1)) {
+  const std::uint8_t tag = owner_tag(ptr);
+  if (__builtin_expect((tag & kOwnerFastFree) != 0, 1)) {
     // No arena lies in the map's chunk 0: mimalloc's test for nullptr goes.
     if (reinterpret_cast<std::uintptr_t>(ptr) < kSegmentAlign) __builtin_unreachable();
     mi_free(ptr);
     return;
   }
-  // The entry is looked up again there: passing it costs this path a
-  // register copy (GCC 12 keeps ptr twice), the slow one a few instructions.
+  // One call, and the entry looked up again there: passing it, or a second
+  // call for the counted route, costs the path above a register copy (GCC
+  // 12 keeps ptr twice); the slow path pays a few instructions instead.
   free_slow(ptr);
 }
 

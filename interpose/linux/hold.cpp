@@ -29,13 +29,13 @@ void wake_waiters() noexcept {
 void AllocationWindow::hold() noexcept {
   before_ = g_mode.load(std::memory_order_relaxed);
   g_mode.store(Mode::held, std::memory_order_seq_cst);
-  // Held first: a free that finds its entry's fast bit gone sees it then.
+  // Held first: a free that finds its entry's route gone sees it then.
   g_free_checks.fetch_or(kFreeHeld, std::memory_order_seq_cst);
-  arena::set_fast_frees(false);
+  arena::set_free_route(0);
 }
 
 // Frees go on, on the slow path until end(): divert() runs with the segment
-// table's lock held (prepare_fork's), which set_fast_frees takes.
+// table's lock held (prepare_fork's), which set_free_route takes.
 void AllocationWindow::divert() noexcept {
   g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
   g_mode.store(Mode::diverted, std::memory_order_seq_cst);
@@ -44,7 +44,7 @@ void AllocationWindow::divert() noexcept {
 
 void AllocationWindow::end() noexcept {
   g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
-  arena::set_fast_frees(g_free_checks.load(std::memory_order_relaxed) == 0);
+  arena::set_free_route(free_route_of(g_free_checks.load(std::memory_order_relaxed)));
   g_mode.store(before_, std::memory_order_seq_cst);
   wake_waiters();
 }

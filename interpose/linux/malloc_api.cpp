@@ -233,8 +233,16 @@ void* malloc_slow(std::size_t size) noexcept {
 
 namespace {
 
-// Every free the fast path and the counted path (free_slow) leave.
-[[gnu::noinline]] void free_other(void* ptr, std::uint8_t tag) noexcept {
+// Statistics on, an arena block that is not the common case below (another
+// thread's, its page's last): mimalloc frees it and says its usable size,
+// found on the page it goes back to; then the count.
+[[gnu::noinline]] void counted_free_generic(void* ptr, std::uint8_t tag) noexcept {
+  stats::count_free(stats::pool_of(owner_backend(tag)), mnemosyne_mi_free_sized(ptr));
+}
+
+// Every free that its route does not count: waits while a fork holds
+// frees, counts while statistics are on, frees where the block came from.
+[[gnu::noinline]] void free_checked(void* ptr, std::uint8_t tag) noexcept {
   if (ptr == nullptr) return;
   std::uint8_t checks = g_free_checks.load(std::memory_order_relaxed);
   while ((checks & kFreeHeld) != 0) {
@@ -249,28 +257,23 @@ namespace {
   }
 }
 
-// Statistics on, an arena block that is not the common case below (another
-// thread's, its page's last): mimalloc frees it and says its usable size,
-// found on the page it goes back to; then the count.
-[[gnu::noinline]] void counted_free_generic(void* ptr, std::uint8_t tag) noexcept {
-  stats::count_free(stats::pool_of(owner_backend(tag)), mnemosyne_mi_free_sized(ptr));
-}
-
 }  // namespace
 
+// Every free the fast path leaves: its entry's route says counted (the
+// common case while statistics are on), or it has none: a fork holds frees,
+// a dedicated block, one of the system allocator's, nullptr, and an arena's
+// whose entry has no route yet (while set_free_route walks the map).
 void free_slow(void* ptr) noexcept {
   const std::uint8_t tag = owner_tag(ptr);
-  if (__builtin_expect(g_free_checks.load(std::memory_order_relaxed) == kFreeCounting &&
-                           (tag & kOwnerArena) != 0,
-                       1)) {
-    // Statistics on, a block of this thread's page: freed and counted with
-    // no call but tail calls.
+  if (__builtin_expect((tag & kOwnerCountedFree) != 0, 1)) {
+    // A block of this thread's page: freed and counted with no call but
+    // tail calls.
     const std::size_t usable = mnemosyne_mi_free_local_sized(ptr);
     if (__builtin_expect(usable == 0, 0)) return counted_free_generic(ptr, tag);
     stats::count_free_then(stats::pool_of(owner_backend(tag)), usable);
     return;
   }
-  free_other(ptr, tag);
+  free_checked(ptr, tag);
 }
 
 }  // namespace mnemosyne

@@ -5,6 +5,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "arena/ownership_map.hpp"
+
 namespace mnemosyne {
 
 enum class Mode : std::uint8_t {
@@ -17,11 +19,19 @@ enum class Mode : std::uint8_t {
 };
 
 // What free_slow must do besides freeing, in one load. The fast path of
-// free() reads none of it: while any bit is set, the ownership map's arena
-// entries lack kOwnerFastFree (arena::set_fast_frees, turned by bootstrap.cpp
-// and hold.cpp), so every free comes here.
+// free() reads none of it but the free route of the block's ownership-map
+// entry, which bootstrap.cpp and hold.cpp keep in step (free_route_of).
 inline constexpr std::uint8_t kFreeCounting = 1;  // statistics count every free
 inline constexpr std::uint8_t kFreeHeld = 2;      // Mode::held: frees wait
+
+// The free route arena entries carry (arena::set_free_route) while
+// g_free_checks is `checks`: straight to mimalloc, counted, or none (the
+// fast path then leaves every free to free_slow).
+inline std::uint8_t free_route_of(std::uint8_t checks) noexcept {
+  if (checks == 0) return kOwnerFastFree;
+  if (checks == kFreeCounting) return kOwnerCountedFree;
+  return 0;
+}
 
 struct Policy {
   bool counting = false;       // statistics were asked for

@@ -157,9 +157,9 @@ void* crt_malloc(std::size_t size) noexcept {
 
 template <int C>
 void crt_free(void* p) noexcept {
-  // An arena block while statistics are off (arena::set_fast_frees): one
+  // An arena block while statistics are off (arena::set_free_route): one
   // test of its ownership-map entry.
-  if (MN_LIKELY(owner_fast_free(p))) {
+  if (MN_LIKELY((owner_tag(p) & kOwnerFastFree) != 0)) {
     mi_free(p);
     return;
   }
@@ -279,7 +279,7 @@ void* crt_aligned_malloc(std::size_t size, std::size_t alignment) noexcept {
 
 template <int C>
 void crt_aligned_free(void* p) noexcept {
-  if (MN_LIKELY(owner_fast_free(p))) {
+  if (MN_LIKELY((owner_tag(p) & kOwnerFastFree) != 0)) {
     mi_free(p);
     return;
   }

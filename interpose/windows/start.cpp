@@ -137,7 +137,8 @@ void start() noexcept {
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   if (g_policy.counting) remember_runtime_blocks();
-  arena::set_fast_frees(!g_policy.counting);
+  // Counted frees take the slow path here (free_slow).
+  arena::set_free_route(g_policy.counting ? 0 : kOwnerFastFree);
   g_policy.routing = o.size_routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;

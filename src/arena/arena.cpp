@@ -129,22 +129,22 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
 bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 
 // Tags a new arena's chunks in the ownership map, in step with
-// set_fast_frees on another thread: the arena is in the table already, so a
-// turn that writes the flag after this reads it finds the arena and sets its
-// entries itself; one that wrote before is seen by the next read here.
-// Walks are serialised (the fork lock), so what the last read said is what
-// the entries keep.
+// set_free_route on another thread: the arena is in the table already, so a
+// change that writes the route after this reads it finds the arena and sets
+// its entries itself; one that wrote before is seen by the next read here.
+// Changes are serialised (the fork lock), so what the last read said is
+// what the entries keep.
 void tag_arena(const Segment& seg, std::uint8_t tag) noexcept {
-  bool fast = g_state.fast_frees.load(std::memory_order_seq_cst);
-  owner_map_set(seg.start, seg.size, fast ? static_cast<std::uint8_t>(tag | kOwnerFastFree) : tag);
+  std::uint8_t route = g_state.free_route.load(std::memory_order_seq_cst);
+  owner_map_set(seg.start, seg.size, static_cast<std::uint8_t>(tag | route));
   for (;;) {
-    // The entries written before the flag is read again (set_fast_frees
-    // writes the flag before it reads the entries).
+    // The entries written before the route is read again (set_free_route
+    // writes the route before it reads the entries).
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    const bool now = g_state.fast_frees.load(std::memory_order_seq_cst);
-    if (now == fast) return;
-    fast = now;
-    owner_map_set_fast(seg.start, seg.size, fast);
+    const std::uint8_t now = g_state.free_route.load(std::memory_order_seq_cst);
+    if (now == route) return;
+    route = now;
+    owner_map_set_route(seg.start, seg.size, route);
   }
 }
 
@@ -581,14 +581,14 @@ const char* fallback_reason() noexcept {
   return g_state.fallback_reason;
 }
 
-void set_fast_frees(bool on) noexcept {
-  g_state.fast_frees.store(on, std::memory_order_seq_cst);
+void set_free_route(std::uint8_t route) noexcept {
+  g_state.free_route.store(route, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_seq_cst);  // see tag_arena
   SpinGuard guard(g_state.table.lock());
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];
-    if (e.used && !e.dedicated) owner_map_set_fast(e.segment.start, e.segment.size, on);
+    if (e.used && !e.dedicated) owner_map_set_route(e.segment.start, e.segment.size, route);
   }
 }
 

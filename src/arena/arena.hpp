@@ -61,17 +61,18 @@ struct StartReport {
 // host backend could give memory; the caller then serves from its host heap.
 bool start(const Config& cfg, StartReport* report) noexcept;
 
-// Whether a free of an arena block may skip the embedder's checks: while on,
-// the ownership map's entries of every arena chunk carry kOwnerFastFree (and
-// those of arenas added later), so the free fast path tests one byte. Off at
-// start. The embedder turns it off while frees must be checked (counting
-// them, a fork's copy of the heap that they must wait for) and on when
-// nothing is checked; a free that loaded its entry before a turn-off may
-// still complete as a fast one, as with any flag it could test instead.
-// Takes the segment table's lock (asynchronous signals blocked);
-// async-signal-safe; not from a thread that holds that lock (between
-// prepare_fork and the after-fork handlers).
-void set_fast_frees(bool on) noexcept;
+// What a free of an arena block may do without the embedder's checks: the
+// ownership map's entries of every arena chunk carry `route` (0,
+// kOwnerFastFree or kOwnerCountedFree), and those of arenas added later, so
+// the free fast path tests the one byte it loads. 0 at start. The embedder
+// sets 0 while frees must be checked (a fork's copy of the heap that they
+// must wait for) and a route when they need none or only a count; a free
+// that loaded its entry before a change may still complete by the old
+// route, as with any flag it could test instead. Takes the segment table's
+// lock (asynchronous signals blocked); async-signal-safe; not from a thread
+// that holds that lock (between prepare_fork and the after-fork handlers).
+// Calls are serialised by the caller.
+void set_free_route(std::uint8_t route) noexcept;
 
 inline constexpr std::size_t kMaxArenaAlign = std::size_t{16} << 20;  // MI_ALIGNMENT_MAX
 

@@ -19,15 +19,14 @@ void owner_map_set(const void* start, std::size_t size, std::uint8_t tag) noexce
   }
 }
 
-void owner_map_set_fast(const void* start, std::size_t size, bool fast) noexcept {
+void owner_map_set_route(const void* start, std::size_t size, std::uint8_t route) noexcept {
   const std::uintptr_t first = reinterpret_cast<std::uintptr_t>(start) >> kSegmentShift;
   const std::uintptr_t count = size >> kSegmentShift;
   for (std::uintptr_t i = 0; i < count; ++i) {
     std::atomic<std::uint8_t>& entry = g_owner_map[first + i];
     std::uint8_t tag = entry.load(std::memory_order_relaxed);
     while ((tag & kOwnerArena) != 0) {
-      const auto want =
-          static_cast<std::uint8_t>(fast ? tag | kOwnerFastFree : tag & ~kOwnerFastFree);
+      const auto want = static_cast<std::uint8_t>((tag & ~kOwnerFreeRoutes) | route);
       if (want == tag || entry.compare_exchange_weak(tag, want, std::memory_order_seq_cst,
                                                      std::memory_order_relaxed)) {
         break;

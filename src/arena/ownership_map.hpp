@@ -23,11 +23,15 @@ inline constexpr std::size_t kOwnerMapEntries = std::size_t{1} << (kAddressBits 
 inline constexpr std::uint8_t kOwnerArena = 0x40;      // mimalloc arena memory
 inline constexpr std::uint8_t kOwnerDedicated = 0x80;  // one block, one segment
 inline constexpr std::uint8_t kOwnerOnDemand = 0x20;   // backed only where committed
-// On arena entries only, while frees need no check of the embedder's (no
-// statistics, no fork copying the heap: arena::set_fast_frees): a free()
-// that finds it set goes straight to mimalloc, on the one byte it loaded.
+// A free route, on arena entries only (arena::set_free_route): what a
+// free() may do on the one byte it loaded. Fast: straight to mimalloc (no
+// statistics, no fork copying the heap); counted: mimalloc, then the count
+// (statistics on, no fork copying the heap). Neither: the embedder checks.
 inline constexpr std::uint8_t kOwnerFastFree = 0x10;
-inline constexpr std::uint8_t kOwnerBackendMask = 0x0f;
+inline constexpr std::uint8_t kOwnerCountedFree = 0x08;
+inline constexpr std::uint8_t kOwnerFreeRoutes = kOwnerFastFree | kOwnerCountedFree;
+inline constexpr std::uint8_t kOwnerBackendMask = 0x07;
+static_assert(kBackendCount <= kOwnerBackendMask + 1, "a backend id fits the entry's low bits");
 
 extern std::atomic<std::uint8_t> g_owner_map[kOwnerMapEntries];
 
@@ -37,19 +41,11 @@ inline std::uint8_t owner_tag(const void* ptr) noexcept {
   return g_owner_map[chunk].load(std::memory_order_acquire);
 }
 
-// owner_tag of a block mimalloc's arenas just served: those lie in the map,
-// so no bounds test.
+// owner_tag of an arena's block (one mimalloc just served, one a caller
+// found in the map): it lies in the map, so no bounds test.
 inline std::uint8_t arena_block_tag(const void* block) noexcept {
   const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(block) >> kSegmentShift;
   return g_owner_map[chunk & (kOwnerMapEntries - 1)].load(std::memory_order_acquire);
-}
-
-// Whether a free of `ptr` may go straight to mimalloc: an arena block while
-// fast frees are on. False for nullptr (chunk 0 is never an arena's).
-inline bool owner_fast_free(const void* ptr) noexcept {
-  const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift;
-  if (chunk >= kOwnerMapEntries) return false;
-  return (g_owner_map[chunk].load(std::memory_order_acquire) & kOwnerFastFree) != 0;
 }
 
 inline BackendId owner_backend(std::uint8_t tag) noexcept {
@@ -61,10 +57,10 @@ inline BackendId owner_backend(std::uint8_t tag) noexcept {
 bool owner_map_covers(const void* start, std::size_t size) noexcept;
 // Sets the entries of every chunk in [start, start+size) (32 MiB aligned).
 void owner_map_set(const void* start, std::size_t size, std::uint8_t tag) noexcept;
-// Sets (fast) or clears kOwnerFastFree in the entries of [start,
-// start+size) that are an arena's now, each with one compare-and-swap: an
-// entry another thread zeroes or re-tags meanwhile is left as that thread
-// made it.
-void owner_map_set_fast(const void* start, std::size_t size, bool fast) noexcept;
+// Puts `route` (0 or one kOwner*Free bit) in place of the free route of the
+// entries of [start, start+size) that are an arena's now, each with one
+// compare-and-swap: an entry another thread zeroes or re-tags meanwhile is
+// left as that thread made it.
+void owner_map_set_route(const void* start, std::size_t size, std::uint8_t route) noexcept;
 
 }  // namespace mnemosyne

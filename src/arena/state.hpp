@@ -48,9 +48,9 @@ struct State {
   std::size_t next_arena_size = 0;    // under grow_lock
   std::size_t total_arena_bytes = 0;  // under grow_lock
   SegmentTable table;
-  // Whether arena entries of the ownership map carry kOwnerFastFree
-  // (set_fast_frees; arena.cpp's tag_arena keeps new arenas in step).
-  std::atomic<bool> fast_frees{false};
+  // The free route arena entries of the ownership map carry
+  // (set_free_route; arena.cpp's tag_arena keeps new arenas in step).
+  std::atomic<std::uint8_t> free_route{0};
   std::atomic<std::uint64_t> backend_bytes{0};  // CUDA bytes taken, for the limit
   std::atomic<std::uint64_t> reserved[kBackendCount] = {};
   std::atomic<std::uint64_t> dedicated_live{0};

@@ -166,10 +166,15 @@ TEST(Arena, RacingThreadsGrowByOneArenaAtATime) {
   });
 }
 
-// The free fast path's one test (owner_fast_free): arena blocks while fast
-// frees are on, never a dedicated block, a foreign pointer or nullptr; arenas
-// added while another thread turns the switch follow it too.
-TEST(Arena, FastFreesFollowTheirSwitch) {
+// The free fast path's one test: the free route of the block's entry
+// (arena::set_free_route) on arena blocks, never on a dedicated block, a
+// foreign pointer or nullptr; arenas added while another thread changes the
+// route follow it too.
+std::uint8_t route_of(const void* p) {
+  return owner_tag(p) & kOwnerFreeRoutes;
+}
+
+TEST(Arena, FreeRoutesFollowTheirSetting) {
   IN_FRESH_PROCESS({
     arena::Config cfg = config(BackendId::unified);
     cfg.first_segment = 32 * kMiB;
@@ -179,15 +184,18 @@ TEST(Arena, FastFreesFollowTheirSwitch) {
     ASSERT_NE(small, nullptr);
     ASSERT_NE(dedicated, nullptr);
     ASSERT_NE(owner_tag(dedicated) & kOwnerDedicated, 0);
-    EXPECT_FALSE(owner_fast_free(small)) << "off at start";
-    arena::set_fast_frees(true);
-    EXPECT_TRUE(owner_fast_free(small));
-    EXPECT_FALSE(owner_fast_free(dedicated));
+    EXPECT_EQ(route_of(small), 0) << "none at start";
     int local = 0;
-    EXPECT_FALSE(owner_fast_free(&local));
-    EXPECT_FALSE(owner_fast_free(nullptr));
-    EXPECT_FALSE(owner_fast_free(reinterpret_cast<void*>(~std::uintptr_t{0} - 64)));
-    // An arena added while off starts off, and follows the next turn.
+    for (std::uint8_t route : {kOwnerFastFree, kOwnerCountedFree}) {
+      arena::set_free_route(route);
+      EXPECT_EQ(route_of(small), route);
+      EXPECT_EQ(owner_backend(owner_tag(small)), BackendId::unified) << "the backend kept";
+      EXPECT_EQ(route_of(dedicated), 0);
+      EXPECT_EQ(route_of(&local), 0);
+      EXPECT_EQ(route_of(nullptr), 0);
+      EXPECT_EQ(route_of(reinterpret_cast<void*>(~std::uintptr_t{0} - 64)), 0);
+    }
+    // An arena added under one route carries it, and follows the next.
     std::vector<void*> filled;
     auto segments = [] {
       arena::Stats now;
@@ -203,20 +211,20 @@ TEST(Arena, FastFreesFollowTheirSwitch) {
         if (segments() > before) return p;
       }
     };
-    arena::set_fast_frees(false);
-    void* grown_off = grow();
-    ASSERT_NE(grown_off, nullptr);
-    EXPECT_FALSE(owner_fast_free(grown_off));
-    arena::set_fast_frees(true);
-    EXPECT_TRUE(owner_fast_free(grown_off));
-    void* grown_on = grow();
-    ASSERT_NE(grown_on, nullptr);
-    EXPECT_TRUE(owner_fast_free(grown_on)) << "an arena added while on";
+    arena::set_free_route(0);
+    void* grown_none = grow();
+    ASSERT_NE(grown_none, nullptr);
+    EXPECT_EQ(route_of(grown_none), 0);
+    arena::set_free_route(kOwnerFastFree);
+    EXPECT_EQ(route_of(grown_none), kOwnerFastFree);
+    void* grown_fast = grow();
+    ASSERT_NE(grown_fast, nullptr);
+    EXPECT_EQ(route_of(grown_fast), kOwnerFastFree) << "an arena added under a route";
     const std::uint64_t grown = segments();
     EXPECT_EQ(grown, 3u) << "the first arena and the two it grew by";
 
     // Growth (1 MiB blocks, arenas of 32 MiB and up) on four threads while
-    // this one turns the switch; then every block follows its last turn.
+    // this one changes the route; then every block has the last one.
     constexpr int kThreads = 4;
     std::vector<std::vector<void*>> blocks(kThreads);
     std::atomic<bool> done{false};
@@ -226,33 +234,32 @@ TEST(Arena, FastFreesFollowTheirSwitch) {
         for (int i = 0; i < 160; ++i) blocks[t].push_back(arena::alloc(kMiB));
       });
     }
-    bool last = true;
-    std::thread toggler([&] {
-      while (!done.load()) {
-        last = !last;
-        arena::set_fast_frees(last);
+    std::uint8_t last = 0;
+    std::thread changer([&] {
+      const std::uint8_t routes[] = {0, kOwnerFastFree, kOwnerCountedFree};
+      for (unsigned i = 0; !done.load(); ++i) {
+        last = routes[i % 3];
+        arena::set_free_route(last);
       }
     });
     for (auto& th : pool) th.join();
     done = true;
-    toggler.join();
-    arena::Stats stats;
-    arena::stats(&stats);
-    EXPECT_GT(stats.segments, grown) << "the arena should have grown meanwhile";
+    changer.join();
+    EXPECT_GT(segments(), grown) << "the arena should have grown meanwhile";
     for (const auto& v : blocks) {
       for (void* p : v) {
         ASSERT_NE(p, nullptr);
-        ASSERT_EQ(owner_fast_free(p), last) << "an arena added during the turns";
+        ASSERT_EQ(route_of(p), last) << "an arena added during the changes";
       }
     }
-    for (bool on : {false, true}) {
-      arena::set_fast_frees(on);
-      EXPECT_EQ(owner_fast_free(small), on);
-      EXPECT_FALSE(owner_fast_free(dedicated));
+    for (std::uint8_t route : {std::uint8_t{0}, kOwnerCountedFree, kOwnerFastFree}) {
+      arena::set_free_route(route);
+      EXPECT_EQ(route_of(small), route);
+      EXPECT_EQ(route_of(dedicated), 0);
       for (const auto& v : blocks) {
         for (void* p : v) {
           ASSERT_NE(owner_tag(p) & kOwnerArena, 0);
-          ASSERT_EQ(owner_fast_free(p), on);
+          ASSERT_EQ(route_of(p), route);
         }
       }
     }
