@@ -24,25 +24,60 @@ namespace mnemosyne {
 
 // mimalloc's fast case only (a block from its page's free list); every
 // other case is one tail call, so nothing is kept across a call.
+//
+// The mode test is one compare of the byte in memory, then the branch: GCC
+// loads an atomic into a register and compares that (two instructions where
+// one does), and materialises a flag an asm outputs. What follows the test
+// reads only this thread's own heap, so it needs no acquire; the asm reads
+// g_mode once, as a relaxed load would.
 inline void* fast_malloc(std::size_t size) noexcept {
-  if (__builtin_expect(current_mode() == Mode::arena, 1)) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm goto("cmpb %[arena], %[mode]\n\tjne %l[other]"
+           :
+           : [mode] "m"(g_mode), [arena] "i"(static_cast<int>(Mode::arena))
+           : "cc"
+           : other);
+#else
+  if (__builtin_expect(current_mode() != Mode::arena, 0)) goto other;
+#endif
+  {
     void* p = mnemosyne_mi_malloc_fast(size);
     if (__builtin_expect(p != nullptr, 1)) return p;
   }
+other:
   return malloc_slow(size);
 }
 
 // One byte of the ownership map says both "an arena block" and what its free
 // needs (its free route): nothing but mimalloc's free, inlined here; or a
-// count after it, or every check, both free_slow's.
+// count after it, or every check, both free_slow's. The route is tested in
+// memory, as malloc's mode is.
+//
+// The entry is the chunk's of the pointer's low 47 bits, with no bounds test:
+// on x86-64 Linux every address a process is given without asking lies
+// below 2^47 (the kernel's 5-level paging document, "User space": mmap
+// returns an address above only for a hint above), so every block any
+// allocator in the process returned has its own entry. Only a pointer no
+// allocator returned (a mapping the program placed above 2^47 with a hint
+// itself, a wild pointer) can alias another chunk's entry, and free() of
+// such a pointer is undefined with any allocator: it crashes glibc's too.
 inline void fast_free(void* ptr) noexcept {
-  const std::uint8_t tag = owner_tag(ptr);
-  if (__builtin_expect((tag & kOwnerFastFree) != 0, 1)) {
-    // No arena lies in the map's chunk 0: mimalloc's test for nullptr goes.
-    if (reinterpret_cast<std::uintptr_t>(ptr) < kSegmentAlign) __builtin_unreachable();
-    mi_free(ptr);
-    return;
-  }
+  const std::uintptr_t chunk =
+      (reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift) & (kOwnerMapEntries - 1);
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm goto("testb %[fast], %[entry]\n\tje %l[other]"
+           :
+           : [entry] "m"(g_owner_map[chunk]), [fast] "i"(kOwnerFastFree)
+           : "cc"
+           : other);
+#else
+  if (__builtin_expect((owner_tag(ptr) & kOwnerFastFree) == 0, 0)) goto other;
+#endif
+  // No arena lies in the map's chunk 0: mimalloc's test for nullptr goes.
+  if (reinterpret_cast<std::uintptr_t>(ptr) < kSegmentAlign) __builtin_unreachable();
+  mi_free(ptr);
+  return;
+other:
   // One call, and the entry looked up again there: passing it, or a second
   // call for the counted route, costs the path above a register copy (GCC
   // 12 keeps ptr twice); the slow path pays a few instructions instead.
