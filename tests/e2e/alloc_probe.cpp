@@ -106,7 +106,23 @@ struct alignas(256) Wide {
   unsigned char bytes[512];
 };
 
+// glibc's own allocator, which the interposer does not replace: a block it
+// hands out and the program frees with free() must go back to it (free()'s
+// ownership map sends every pointer that is not the arena's there).
+extern "C" void* __libc_malloc(size_t size);
+
 void semantics() {
+  {
+    void* g = __libc_malloc(200);
+    if (g != nullptr) memset(g, 7, 200);
+    free(g);
+    // glibc hands the block it just took back out again (its per-thread
+    // cache): only if free() gave it to glibc.
+    void* again = __libc_malloc(200);
+    check(g != nullptr && again == g, "free() gives a block of glibc's own back to glibc");
+    free(again);
+  }
+
   void* a = malloc(0);
   void* b = malloc(0);
   check(a != nullptr && b != nullptr && a != b, "malloc(0) returns unique pointers");
