@@ -129,19 +129,17 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
 bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 
 // Tags a new arena's chunks in the ownership map, in step with
-// set_free_route on another thread: the arena is in the table already, so a
-// change that writes the route after this reads it finds the arena and sets
-// its entries itself; one that wrote before is seen by the next read here.
-// Changes are serialised (the fork lock), so what the last read said is
-// what the entries keep.
+// set_free_route on another thread. Both change or read the route with a
+// read-modify-write, so the two are ordered: a change after this one's
+// read-modify-write finds the arena (in the table already) and its entries
+// written, and sets them itself; one before is what the read-modify-write
+// returns, and is set here. Changes are serialised (the fork lock), so what
+// the last read said is what the entries keep.
 void tag_arena(const Segment& seg, std::uint8_t tag) noexcept {
-  std::uint8_t route = g_state.free_route.load(std::memory_order_seq_cst);
+  std::uint8_t route = g_state.free_route.load(std::memory_order_acquire);
   owner_map_set(seg.start, seg.size, static_cast<std::uint8_t>(tag | route));
   for (;;) {
-    // The entries written before the route is read again (set_free_route
-    // writes the route before it reads the entries).
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    const std::uint8_t now = g_state.free_route.load(std::memory_order_seq_cst);
+    const std::uint8_t now = g_state.free_route.fetch_or(0, std::memory_order_acq_rel);
     if (now == route) return;
     route = now;
     owner_map_set_route(seg.start, seg.size, route);
@@ -582,8 +580,7 @@ const char* fallback_reason() noexcept {
 }
 
 void set_free_route(std::uint8_t route) noexcept {
-  g_state.free_route.store(route, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);  // see tag_arena
+  g_state.free_route.exchange(route, std::memory_order_acq_rel);  // see tag_arena
   SpinGuard guard(g_state.table.lock());
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {

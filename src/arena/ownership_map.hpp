@@ -41,8 +41,8 @@ inline std::uint8_t owner_tag(const void* ptr) noexcept {
   return g_owner_map[chunk].load(std::memory_order_acquire);
 }
 
-// owner_tag of an arena's block (one mimalloc just served, one a caller
-// found in the map): it lies in the map, so no bounds test.
+// owner_tag of a block mimalloc's arenas just served: those lie in the map,
+// so no bounds test.
 inline std::uint8_t arena_block_tag(const void* block) noexcept {
   const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(block) >> kSegmentShift;
   return g_owner_map[chunk & (kOwnerMapEntries - 1)].load(std::memory_order_acquire);
