@@ -90,14 +90,18 @@ void start(const char* argv0) noexcept {
 
   g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
   g_policy.routing = o.size_routing;
-  g_policy.counting_only = g_policy.counting && !g_policy.routing;
   g_policy.size_min = o.size_min;
   g_policy.size_max = o.size_max;
   g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);
   arena::set_free_route(free_route_of(g_free_checks.load(std::memory_order_relaxed)));
   if (g_policy.counting) install_exit_report();
-  g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
-               std::memory_order_release);
+  Mode mode = Mode::arena;
+  if (g_policy.routing) {
+    mode = Mode::managed;
+  } else if (g_policy.counting) {
+    mode = Mode::counted;
+  }
+  g_mode.store(mode, std::memory_order_release);
 }
 
 }  // namespace

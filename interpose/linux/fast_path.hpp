@@ -15,12 +15,13 @@
 
 namespace mnemosyne {
 
-// Every case the fast paths do not handle: another mode, a size or a page
-// mimalloc's fast case does not serve, an arena that needs to grow, a
-// failure (NULL with errno = ENOMEM); a free while counting or held, of a
-// dedicated block, or of a block that is not ours.
+// Every case the fast paths do not handle: another mode (statistics
+// counting first), a size or a page mimalloc's fast case does not serve, an
+// arena that needs to grow, a failure (NULL with errno = ENOMEM); a free
+// while counting or held, of a dedicated block, or of a block that is not
+// ours (`chunk`: its ownership-map index, as fast_free computed it).
 [[gnu::noinline]] void* malloc_slow(std::size_t size) noexcept;
-[[gnu::noinline]] void free_slow(void* ptr) noexcept;
+[[gnu::noinline]] void free_slow(void* ptr, std::uintptr_t chunk) noexcept;
 
 // mimalloc's fast case only (a block from its page's free list); every
 // other case is one tail call, so nothing is kept across a call.
@@ -62,8 +63,7 @@ other:
 // itself, a wild pointer) can alias another chunk's entry, and free() of
 // such a pointer is undefined with any allocator: it crashes glibc's too.
 inline void fast_free(void* ptr) noexcept {
-  const std::uintptr_t chunk =
-      (reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift) & (kOwnerMapEntries - 1);
+  const std::uintptr_t chunk = owner_chunk_unchecked(ptr);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   asm goto("testb %[fast], %[entry]\n\tje %l[other]"
            :
@@ -78,10 +78,11 @@ inline void fast_free(void* ptr) noexcept {
   mi_free(ptr);
   return;
 other:
-  // One call, and the entry looked up again there: passing it, or a second
-  // call for the counted route, costs the path above a register copy (GCC
-  // 12 keeps ptr twice); the slow path pays a few instructions instead.
-  free_slow(ptr);
+  // One call, given the entry's index, and the entry loaded again there:
+  // passing its value, or a second call for the counted route, costs the
+  // path above a register copy (GCC 12 keeps ptr twice); the index rides in
+  // the register that computed it.
+  free_slow(ptr, chunk);
 }
 
 }  // namespace mnemosyne

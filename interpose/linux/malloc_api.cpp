@@ -40,6 +40,11 @@ std::size_t page_size() noexcept {
 
 // ---- Mode::managed helpers: routing and counting
 
+// An entry's backend bits are the pool the counted paths take, scaled.
+static_assert(std::size_t{1} << kOwnerBackendShift == stats::kPoolScale);
+static_assert(stats::kPoolScale * stats::pool_of(BackendId::host) ==
+              owner_entry(0, BackendId::host));
+
 inline bool to_arena(std::size_t size) noexcept {
   return !g_policy.routing || (size >= g_policy.size_min && size <= g_policy.size_max);
 }
@@ -117,7 +122,7 @@ void* aligned(std::size_t alignment, std::size_t size) noexcept {
   }
   mode = settled_mode();
   if (mode == Mode::arena) return aligned(alignment, size);
-  if (mode == Mode::managed) return managed_alloc(size, alignment, false);
+  if (managed_mode(mode)) return managed_alloc(size, alignment, false);
   if (mode == Mode::diverted) return system_alloc(size, alignment, false);
   return host_block(__libc_memalign(alignment, size));
 }
@@ -179,12 +184,12 @@ namespace {
     void* p = arena::alloc_slow(size, 0, false);
     return p != nullptr ? p : nomem();
   }
-  if (mode == Mode::managed) return managed_alloc(size, 0, false);
+  if (managed_mode(mode)) return managed_alloc(size, 0, false);
   if (mode == Mode::diverted) return system_alloc(size, 0, false);
   return host_block(__libc_malloc(size));
 }
 
-// Statistics on, no routing, what counted_malloc's common case leaves:
+// Statistics on, no routing, what malloc_slow's counted case leaves:
 // mimalloc's generic path (a page to refill, a large block, the arena to
 // grow), then the count.
 [[gnu::noinline]] void* counted_malloc_generic(std::size_t size) noexcept {
@@ -193,23 +198,6 @@ namespace {
   stats::count_alloc(pool_of_tag(owner_tag(block.p)), size, block.usable);
   return block.p;
 }
-
-// Statistics on, no routing: a small block from its page's free list, whose
-// usable size the page says on the way, then the count; every call in it is
-// a tail call, so it saves no register. malloc-simple with statistics on
-// costs 1.8x the plain path's instructions (2.0x with registers saved and
-// restored around the common case, 2.7x when the block's page was looked up
-// again by mi_usable_size).
-[[gnu::noinline]] void* counted_malloc(std::size_t size) noexcept {
-  const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_fast_sized(size);
-  if (__builtin_expect(block.p == nullptr, 0)) return counted_malloc_generic(size);
-  return stats::count_alloc_then(block.p, pool_of_tag(arena_block_tag(block.p)), size,
-                                 block.usable);
-}
-
-}  // namespace
-
-namespace {
 
 // Mode::arena, what mimalloc's fast case left: its generic path (a page to
 // refill, a large block), then the arena's growth.
@@ -221,13 +209,21 @@ namespace {
 
 }  // namespace
 
-// Only dispatches, by tail calls: it saves no register for the counted path.
 // Counting first: every counted malloc comes here, a plain one only when
 // its page's free list is empty.
+//
+// Statistics on, no routing (Mode::counted): a small block from its page's
+// free list, whose usable size the page says on the way, then the count.
+// Every call is a tail call, so nothing is saved across one; the count is
+// about 10 instructions (stats/counters.hpp).
 void* malloc_slow(std::size_t size) noexcept {
-  const Mode mode = current_mode();
-  if (mode == Mode::managed && g_policy.counting_only) return counted_malloc(size);
-  if (__builtin_expect(mode == Mode::arena, 1)) return arena_malloc_generic(size);
+  if (__builtin_expect(mode_is<Mode::counted>(), 1)) {
+    const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_fast_sized(size);
+    if (__builtin_expect(block.p == nullptr, 0)) return counted_malloc_generic(size);
+    const std::size_t tag = arena_block_tag(block.p);  // zero-extended once: the pool indexes
+    return stats::count_alloc_then(block.p, tag & kOwnerBackendMask, size, block.usable);
+  }
+  if (__builtin_expect(mode_is<Mode::arena>(), 1)) return arena_malloc_generic(size);
   return malloc_other(size);
 }
 
@@ -236,19 +232,21 @@ namespace {
 // Statistics on, an arena block that is not the common case below (another
 // thread's, its page's last): mimalloc frees it and says its usable size,
 // found on the page it goes back to; then the count.
-[[gnu::noinline]] void counted_free_generic(void* ptr, std::uint8_t tag) noexcept {
+[[gnu::noinline]] void counted_free_generic(void* ptr) noexcept {
+  const std::uint8_t tag = arena_block_tag(ptr);
   stats::count_free(stats::pool_of(owner_backend(tag)), mnemosyne_mi_free_sized(ptr));
 }
 
 // Every free that its route does not count: waits while a fork holds
 // frees, counts while statistics are on, frees where the block came from.
-[[gnu::noinline]] void free_checked(void* ptr, std::uint8_t tag) noexcept {
+[[gnu::noinline]] void free_checked(void* ptr) noexcept {
   if (ptr == nullptr) return;
   std::uint8_t checks = g_free_checks.load(std::memory_order_relaxed);
   while ((checks & kFreeHeld) != 0) {
     wait_while_held();
     checks = g_free_checks.load(std::memory_order_relaxed);
   }
+  const std::uint8_t tag = owner_tag(ptr);
   if ((checks & kFreeCounting) != 0) count_release(ptr, tag, usable_of(ptr, tag));
   if (tag != 0) {
     arena::free(ptr, tag);
@@ -263,17 +261,15 @@ namespace {
 // common case while statistics are on), or it has none: a fork holds frees,
 // a dedicated block, one of the system allocator's, nullptr, and an arena's
 // whose entry has no route yet (while set_free_route walks the map).
-void free_slow(void* ptr) noexcept {
-  const std::uint8_t tag = owner_tag(ptr);
-  if (__builtin_expect((tag & kOwnerCountedFree) != 0, 1)) {
-    // A block of this thread's page: freed and counted with no call but
-    // tail calls.
-    const std::size_t usable = mnemosyne_mi_free_local_sized(ptr);
-    if (__builtin_expect(usable == 0, 0)) return counted_free_generic(ptr, tag);
-    stats::count_free_then(stats::pool_of(owner_backend(tag)), usable);
-    return;
-  }
-  free_checked(ptr, tag);
+void free_slow(void* ptr, std::uintptr_t chunk) noexcept {
+  // The entry fast_free tested, read again.
+  const std::size_t tag = g_owner_map[chunk].load(std::memory_order_acquire);
+  if (__builtin_expect((tag & kOwnerCountedFree) == 0, 0)) return free_checked(ptr);
+  // A block of this thread's page: freed and counted with no call but
+  // tail calls.
+  const std::size_t usable = mnemosyne_mi_free_local_sized(ptr);
+  if (__builtin_expect(usable == 0, 0)) return counted_free_generic(ptr);
+  stats::count_free_then(tag & kOwnerBackendMask, usable);
 }
 
 }  // namespace mnemosyne
@@ -304,7 +300,7 @@ MNEMOSYNE_API_VISIBILITY void* MNEMOSYNE_API(calloc)(std::size_t count, std::siz
   }
   mode = settled_mode();
   if (mode == Mode::arena) return MNEMOSYNE_API(calloc)(count, size);
-  if (mode == Mode::managed) return managed_alloc(total, 0, true);
+  if (managed_mode(mode)) return managed_alloc(total, 0, true);
   if (mode == Mode::diverted) return system_alloc(total, 0, true);
   return host_block(__libc_calloc(count, size));
 }

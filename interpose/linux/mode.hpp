@@ -16,7 +16,14 @@ enum class Mode : std::uint8_t {
   held = 3,      // a fork is copying the heap: requests wait in the slow paths (hold.hpp)
   diverted = 4,  // a fork's copy is made, the fork not over: allocations come from the
                  // system allocator, frees go on (hold.hpp)
+  counted = 5,   // Mode::managed with statistics and no routing, its common case:
+                 // malloc_slow's first test
 };
+
+// Mode::managed or Mode::counted: the arena behind the policy's checks.
+inline bool managed_mode(Mode mode) noexcept {
+  return mode == Mode::managed || mode == Mode::counted;
+}
 
 // What free_slow must do besides freeing, in one load. The fast path of
 // free() reads none of it but the free route of the block's ownership-map
@@ -34,9 +41,8 @@ inline std::uint8_t free_route_of(std::uint8_t checks) noexcept {
 }
 
 struct Policy {
-  bool counting = false;       // statistics were asked for
-  bool routing = false;        // MNEMOSYNE_SIZE was given
-  bool counting_only = false;  // counting && !routing: Mode::managed's common case
+  bool counting = false;  // statistics were asked for
+  bool routing = false;   // MNEMOSYNE_SIZE was given
   std::size_t size_min = 0;
   std::size_t size_max = SIZE_MAX;
 };
@@ -56,6 +62,24 @@ void wait_while_held() noexcept;
 
 inline Mode current_mode() noexcept {
   return g_mode.load(std::memory_order_acquire);
+}
+
+// current_mode() == M as one compare of the byte in memory (fast_path.hpp
+// says why), relaxed: for the slow paths' dispatch.
+template <Mode M>
+inline bool mode_is() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  asm goto("cmpb %[m], %[mode]\n\tje %l[yes]"
+           :
+           : [mode] "m"(g_mode), [m] "i"(static_cast<int>(M))
+           : "cc"
+           : yes);
+  return false;
+yes:
+  return true;
+#else
+  return g_mode.load(std::memory_order_relaxed) == M;
+#endif
 }
 
 inline bool arena_mode() noexcept {

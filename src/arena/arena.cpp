@@ -174,7 +174,7 @@ bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
     release_segment(seg);
     return false;
   }
-  tag_arena(seg, static_cast<std::uint8_t>(kOwnerArena | std::uint8_t(backend)));
+  tag_arena(seg, owner_entry(kOwnerArena, backend));
   if (!mnemosyne_mi_arena_revive(slot, seg.start, seg.size, reads_zero(seg))) {
     Segment removed;
     g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
@@ -229,8 +229,7 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
                   SegmentTable::kCapacity);
     return false;
   }
-  tag_arena(seg, static_cast<std::uint8_t>(kOwnerArena | (seg.on_demand ? kOwnerOnDemand : 0) |
-                                           std::uint8_t(backend)));
+  tag_arena(seg, owner_entry(seg.on_demand ? kOwnerArena | kOwnerOnDemand : kOwnerArena, backend));
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
   // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
@@ -374,8 +373,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
     describe_refusal(backend, rounded, why, why_len);
     return nullptr;
   }
-  owner_map_set(seg.start, seg.size,
-                static_cast<std::uint8_t>(kOwnerDedicated | std::uint8_t(backend)));
+  owner_map_set(seg.start, seg.size, owner_entry(kOwnerDedicated, backend));
   if (!g_state.table.add(seg, /*dedicated=*/true)) {
     release_segment(seg);
     std::snprintf(why, why_len, "mnemosyne's segment table is full (%zu segments)",

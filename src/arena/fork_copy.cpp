@@ -632,7 +632,7 @@ bool child_after_fork() noexcept {
       SegmentTable::Entry& e = entries[i];
       if (!e.used) continue;
       owner_map_set(e.segment.start, e.segment.size,
-                    static_cast<std::uint8_t>(kOwnerDedicated | std::uint8_t(e.segment.backend)));
+                    owner_entry(kOwnerDedicated, e.segment.backend));
       e.used = false;
     }
   }

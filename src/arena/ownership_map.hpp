@@ -19,19 +19,29 @@ inline constexpr std::size_t kSegmentAlign = std::size_t{1} << kSegmentShift;
 inline constexpr unsigned kAddressBits = 47;
 inline constexpr std::size_t kOwnerMapEntries = std::size_t{1} << (kAddressBits - kSegmentShift);
 
-// An entry: 0 = not ours; otherwise a kind bit and the backend id.
-inline constexpr std::uint8_t kOwnerArena = 0x40;      // mimalloc arena memory
+// An entry: 0 = not ours; otherwise a kind bit and the backend id, in
+// bits 3-5: an entry masked with kOwnerBackendMask is the id times 8, which
+// the counted paths turn into an offset with a scaled address.
 inline constexpr std::uint8_t kOwnerDedicated = 0x80;  // one block, one segment
-inline constexpr std::uint8_t kOwnerOnDemand = 0x20;   // backed only where committed
+inline constexpr std::uint8_t kOwnerArena = 0x40;      // mimalloc arena memory
+inline constexpr unsigned kOwnerBackendShift = 3;
+inline constexpr std::uint8_t kOwnerBackendMask = 0x38;
+inline constexpr std::uint8_t kOwnerOnDemand = 0x04;  // backed only where committed
 // A free route, on arena entries only (arena::set_free_route): what a
 // free() may do on the one byte it loaded. Fast: straight to mimalloc (no
 // statistics, no fork copying the heap); counted: mimalloc, then the count
 // (statistics on, no fork copying the heap). Neither: the embedder checks.
-inline constexpr std::uint8_t kOwnerFastFree = 0x10;
-inline constexpr std::uint8_t kOwnerCountedFree = 0x08;
+inline constexpr std::uint8_t kOwnerFastFree = 0x02;
+inline constexpr std::uint8_t kOwnerCountedFree = 0x01;
 inline constexpr std::uint8_t kOwnerFreeRoutes = kOwnerFastFree | kOwnerCountedFree;
-inline constexpr std::uint8_t kOwnerBackendMask = 0x07;
-static_assert(kBackendCount <= kOwnerBackendMask + 1, "a backend id fits the entry's low bits");
+static_assert(kBackendCount <= (kOwnerBackendMask >> kOwnerBackendShift) + 1,
+              "a backend id fits the entry's backend bits");
+
+// The entry of a kind (kOwnerArena, kOwnerDedicated, with kOwnerOnDemand)
+// of `backend`'s memory.
+inline constexpr std::uint8_t owner_entry(std::uint8_t kind, BackendId backend) noexcept {
+  return static_cast<std::uint8_t>(kind | (static_cast<unsigned>(backend) << kOwnerBackendShift));
+}
 
 extern std::atomic<std::uint8_t> g_owner_map[kOwnerMapEntries];
 
@@ -41,15 +51,24 @@ inline std::uint8_t owner_tag(const void* ptr) noexcept {
   return g_owner_map[chunk].load(std::memory_order_acquire);
 }
 
-// owner_tag of a block mimalloc's arenas just served: those lie in the map,
-// so no bounds test.
+// The entry of the chunk of the pointer's low 47 bits, with no bounds test:
+// for the fast paths, whose pointers a process's allocators returned (on
+// x86-64 Linux those all lie below 2^47: interpose/linux/fast_path.hpp). A
+// pointer above may alias another chunk's entry; owner_tag everywhere else.
+inline std::uintptr_t owner_chunk_unchecked(const void* ptr) noexcept {
+  return (reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift) & (kOwnerMapEntries - 1);
+}
+inline std::atomic<std::uint8_t>& owner_entry_unchecked(const void* ptr) noexcept {
+  return g_owner_map[owner_chunk_unchecked(ptr)];
+}
+
+// owner_tag of a block mimalloc's arenas just served: those lie in the map.
 inline std::uint8_t arena_block_tag(const void* block) noexcept {
-  const std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(block) >> kSegmentShift;
-  return g_owner_map[chunk & (kOwnerMapEntries - 1)].load(std::memory_order_acquire);
+  return owner_entry_unchecked(block).load(std::memory_order_acquire);
 }
 
 inline BackendId owner_backend(std::uint8_t tag) noexcept {
-  return static_cast<BackendId>(tag & kOwnerBackendMask);
+  return static_cast<BackendId>((tag & kOwnerBackendMask) >> kOwnerBackendShift);
 }
 
 // True when [start, start+size) can be described by the map (and is not at

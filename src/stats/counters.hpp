@@ -1,16 +1,19 @@
 // Allocation statistics, counted only when asked for at start.
 //
 // Each thread counts into a slot of its own (static storage, claimed once,
-// never freed, so no allocation and no lock), with relaxed atomics that only
-// the owning thread writes. A report sums the slots. Live bytes go to a
-// per-pool total every 64 KiB of change a thread makes (the rest waits in
-// its slot), which keeps a peak exact to within 64 KiB per thread; the live
-// total is that total plus every slot's unpublished bytes. After kSlots
-// threads, further threads share one overflow slot (atomic adds, out of
-// line, still exact).
+// never freed, so no allocation and no lock); only the owning thread writes
+// it, other threads read it at any time. A report sums the slots. Live bytes
+// go to a per-pool total in steps: a thread's slot keeps the bytes it
+// allocated and those it freed apart, each until it reaches 64 KiB, which
+// keeps the published total (and the peak taken from it) within 64 KiB per
+// thread of the exact one; the live total of a report is that total plus
+// every slot's unpublished bytes. After kSlots threads, further threads
+// share one overflow slot (atomic adds, out of line, still exact).
 //
-// Counting runs on every malloc and free while statistics are on, so the
-// inline part is a thread-local pointer, three plain adds and one compare.
+// Counting runs on every malloc and free while statistics are on, so what
+// is inline is a thread-local pointer, a test of it, and one add per
+// counter: two plus an add that says when 64 KiB are reached (malloc), one
+// plus that add (free).
 #pragma once
 
 #include <atomic>
@@ -26,7 +29,7 @@ namespace mnemosyne::stats {
 // driver's own allocations).
 inline constexpr int kPools = kBackendCount;
 inline constexpr int kSystemPool = 0;
-inline int pool_of(BackendId id) noexcept {
+inline constexpr int pool_of(BackendId id) noexcept {
   return static_cast<int>(id);
 }
 
@@ -41,13 +44,24 @@ struct PoolTotals {
 namespace detail {
 
 inline constexpr int kSlots = 4096;
-inline constexpr std::int64_t kPublishBytes = 64 * 1024;
+inline constexpr std::uint64_t kPublishBytes = 64 * 1024;
+// Where an unpublished byte counter starts: kPublishBytes below 2^64, so
+// the add that brings it to kPublishBytes carries out, and the counter then
+// holds the excess.
+inline constexpr std::uint64_t kUnpublishedStart = 0 - kPublishBytes;
 
-struct PoolSlot {
-  std::atomic<std::uint64_t> allocations{0};
-  std::atomic<std::uint64_t> frees{0};
-  std::atomic<std::uint64_t> bytes_requested{0};
-  std::atomic<std::int64_t> unpublished{0};  // live bytes not yet in the pool's total
+// One thread's counts of one pool, on a cache line of its own. Plain
+// integers: the owning thread adds with single instructions (bump), readers
+// load them with std::atomic_ref. `added` and `removed` are zero until the
+// slot is claimed (the slots stay in .bss), then count from
+// kUnpublishedStart; a report takes their difference, so either way they
+// read as their unpublished bytes.
+struct alignas(64) PoolSlot {
+  std::uint64_t allocations;
+  std::uint64_t frees;
+  std::uint64_t bytes_requested;
+  std::uint64_t added;    // live bytes allocated, not yet in the pool's total
+  std::uint64_t removed;  // and freed
 };
 
 struct Slot {
@@ -60,28 +74,55 @@ extern Slot g_slots[kSlots + 1];  // the last one is shared by overflow threads
 // declaration too: without it every access calls a TLS wrapper.
 extern __attribute__((tls_model("initial-exec"))) constinit thread_local PoolSlot* t_pools;
 
-// A count of a thread without a slot of its own: claims one, or counts in
+// The counts of a thread without a slot of its own: claims one, or counts in
 // the overflow slot.
-void count_unslotted(int pool, std::int64_t allocs, std::int64_t frees, std::uint64_t requested,
+void count_unslotted(int pool, std::uint64_t allocs, std::uint64_t frees, std::uint64_t requested,
                      std::int64_t live) noexcept;
-void publish(PoolSlot& s, int pool, std::int64_t pending) noexcept;  // every 64 KiB
+// An unpublished counter that carried: its bytes go to the total of the
+// slot's pool.
+void publish_added(PoolSlot& s) noexcept;
+void publish_removed(PoolSlot& s) noexcept;
 
-// Adds to a counter only this thread writes: a plain load and store.
-template <class T>
-inline void bump(std::atomic<T>& counter, T v) noexcept {
-  counter.store(counter.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+// On x86-64 GCC and Clang (TSan aside, which cannot see into an asm), a
+// counter only this thread writes takes one add to memory: GCC splits a
+// relaxed atomic's load and store into three instructions, and an add to
+// memory is one store, so a reader never sees it torn (aligned 8 bytes).
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && \
+    !defined(__SANITIZE_THREAD__)
+#define MNEMOSYNE_COUNTER_ASM 1
+#else
+#define MNEMOSYNE_COUNTER_ASM 0
+#endif
+
+// Adds v to a counter of this thread's slot.
+inline void bump(std::uint64_t& counter, std::uint64_t v) noexcept {
+#if MNEMOSYNE_COUNTER_ASM
+  asm("addq %1, %0" : "+m"(counter) : "er"(v) : "cc");
+#else
+  std::atomic_ref<std::uint64_t> c(counter);
+  c.store(c.load(std::memory_order_relaxed) + v, std::memory_order_relaxed);
+#endif
 }
 
-inline void add_live(PoolSlot& s, int pool, std::int64_t live) noexcept {
-  const std::int64_t pending = s.unpublished.load(std::memory_order_relaxed) + live;
-  // |pending| >= kPublishBytes, in one unsigned compare.
-  if (__builtin_expect(static_cast<std::uint64_t>(pending + kPublishBytes - 1) >=
-                           static_cast<std::uint64_t>(2 * kPublishBytes - 1),
-                       0)) {
-    publish(s, pool, pending);
-  } else {
-    s.unpublished.store(pending, std::memory_order_relaxed);
-  }
+// bump for an unpublished counter: true when the add carried out, i.e. the
+// counter reached kPublishBytes and must be published.
+inline bool bump_carries(std::uint64_t& counter, std::uint64_t v) noexcept {
+#if MNEMOSYNE_COUNTER_ASM
+  asm goto("addq %1, %0\n\tjc %l[carried]" : "+m"(counter) : "er"(v) : "cc" : carried);
+  return false;
+carried:
+  return true;
+#else
+  std::atomic_ref<std::uint64_t> c(counter);
+  const std::uint64_t before = c.load(std::memory_order_relaxed);
+  c.store(before + v, std::memory_order_relaxed);
+  return before + v < before;
+#endif
+}
+
+inline std::uint64_t read(const std::uint64_t& counter) noexcept {
+  return std::atomic_ref<std::uint64_t>(const_cast<std::uint64_t&>(counter))
+      .load(std::memory_order_relaxed);
 }
 
 }  // namespace detail
@@ -93,9 +134,9 @@ inline void count_alloc(int pool, std::size_t requested, std::size_t usable) noe
     return;
   }
   detail::PoolSlot& s = pools[pool];
-  detail::bump(s.allocations, std::uint64_t{1});
-  detail::bump(s.bytes_requested, static_cast<std::uint64_t>(requested));
-  detail::add_live(s, pool, static_cast<std::int64_t>(usable));
+  detail::bump(s.allocations, 1);
+  detail::bump(s.bytes_requested, requested);
+  if (__builtin_expect(detail::bump_carries(s.added, usable), 0)) detail::publish_added(s);
 }
 
 inline void count_free(int pool, std::size_t usable) noexcept {
@@ -105,43 +146,56 @@ inline void count_free(int pool, std::size_t usable) noexcept {
     return;
   }
   detail::PoolSlot& s = pools[pool];
-  detail::bump(s.frees, std::uint64_t{1});
-  detail::add_live(s, pool, -static_cast<std::int64_t>(usable));
+  detail::bump(s.frees, 1);
+  if (__builtin_expect(detail::bump_carries(s.removed, usable), 0)) {
+    detail::publish_removed(s);
+  }
 }
 
 // count_alloc and count_free where they end a counted malloc or free: the
 // rare cases (a thread without a slot, a publish) are tail calls, so the
-// common case needs no register saved across a call; that case costs a
-// plain path with statistics on about 14 instructions a malloc or free.
-[[gnu::noinline]] void* count_alloc_rare(void* p, int pool, std::size_t requested,
-                                         std::size_t usable) noexcept;
-[[gnu::noinline]] void count_free_rare(int pool, std::size_t usable) noexcept;
+// common case needs no register saved across a call.
+//
+// They take the pool scaled, `pool * kPoolScale`: a pool's slot is then
+// kPoolScale times that from the thread's first, one scaled address on
+// x86-64, and the interposer passes an ownership-map entry's backend bits
+// as they are (arena/ownership_map.hpp).
+inline constexpr std::size_t kPoolScale = 8;
+static_assert(sizeof(detail::PoolSlot) == kPoolScale * kPoolScale);
 
-inline void* count_alloc_then(void* p, int pool, std::size_t requested,
+[[gnu::noinline]] void* count_alloc_unslotted(void* p, std::size_t scaled_pool,
+                                              std::size_t requested, std::size_t usable) noexcept;
+[[gnu::noinline]] void* publish_added_then(void* p, detail::PoolSlot& s) noexcept;
+[[gnu::noinline]] void count_free_unslotted(std::size_t scaled_pool, std::size_t usable) noexcept;
+
+inline detail::PoolSlot& scaled_slot(detail::PoolSlot* pools, std::size_t scaled_pool) noexcept {
+  return *reinterpret_cast<detail::PoolSlot*>(reinterpret_cast<char*>(pools) +
+                                              scaled_pool * kPoolScale);
+}
+
+inline void* count_alloc_then(void* p, std::size_t scaled_pool, std::size_t requested,
                               std::size_t usable) noexcept {
   detail::PoolSlot* pools = detail::t_pools;
-  if (__builtin_expect(pools == nullptr, 0)) return count_alloc_rare(p, pool, requested, usable);
-  detail::PoolSlot& s = pools[pool];
-  const std::int64_t pending =
-      s.unpublished.load(std::memory_order_relaxed) + static_cast<std::int64_t>(usable);
-  if (__builtin_expect(pending >= detail::kPublishBytes, 0)) {
-    return count_alloc_rare(p, pool, requested, usable);
+  if (__builtin_expect(pools == nullptr, 0)) {
+    return count_alloc_unslotted(p, scaled_pool, requested, usable);
   }
-  detail::bump(s.allocations, std::uint64_t{1});
-  detail::bump(s.bytes_requested, static_cast<std::uint64_t>(requested));
-  s.unpublished.store(pending, std::memory_order_relaxed);
+  detail::PoolSlot& s = scaled_slot(pools, scaled_pool);
+  detail::bump(s.allocations, 1);
+  detail::bump(s.bytes_requested, requested);
+  if (__builtin_expect(detail::bump_carries(s.added, usable), 0)) {
+    return publish_added_then(p, s);
+  }
   return p;
 }
 
-inline void count_free_then(int pool, std::size_t usable) noexcept {
+inline void count_free_then(std::size_t scaled_pool, std::size_t usable) noexcept {
   detail::PoolSlot* pools = detail::t_pools;
-  if (__builtin_expect(pools == nullptr, 0)) return count_free_rare(pool, usable);
-  detail::PoolSlot& s = pools[pool];
-  const std::int64_t pending =
-      s.unpublished.load(std::memory_order_relaxed) - static_cast<std::int64_t>(usable);
-  if (__builtin_expect(pending <= -detail::kPublishBytes, 0)) return count_free_rare(pool, usable);
-  detail::bump(s.frees, std::uint64_t{1});
-  s.unpublished.store(pending, std::memory_order_relaxed);
+  if (__builtin_expect(pools == nullptr, 0)) return count_free_unslotted(scaled_pool, usable);
+  detail::PoolSlot& s = scaled_slot(pools, scaled_pool);
+  detail::bump(s.frees, 1);
+  if (__builtin_expect(detail::bump_carries(s.removed, usable), 0)) {
+    return detail::publish_removed(s);
+  }
 }
 
 // Sums every thread's counts.

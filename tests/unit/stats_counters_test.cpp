@@ -46,9 +46,9 @@ TEST(StatsCounters, ThreadsAddUpExactly) {
 }
 
 // The forms a counted malloc or free ends with (count_alloc_then,
-// count_free_then) count what count_alloc and count_free do: a thread's
-// first count (no slot yet), blocks large enough that every few counts
-// publish, and the block handed back.
+// count_free_then, which take the pool scaled) count what count_alloc and
+// count_free do: a thread's first count (no slot yet), blocks large enough
+// that every few counts publish, and the block handed back.
 TEST(StatsCounters, EndingFormsAddUpExactly) {
   constexpr int kThenPool = 2;
   const PoolTotals before = pool_totals(kThenPool);
@@ -60,8 +60,8 @@ TEST(StatsCounters, EndingFormsAddUpExactly) {
       int block = 0;
       for (int i = 0; i < kOps; ++i) {
         const std::size_t usable = (i % 3 == 0) ? 40000 : 48 + t;
-        EXPECT_EQ(count_alloc_then(&block, kThenPool, usable - 8, usable), &block);
-        if (i % 2 == 0) count_free_then(kThenPool, usable);
+        EXPECT_EQ(count_alloc_then(&block, kThenPool * kPoolScale, usable - 8, usable), &block);
+        if (i % 2 == 0) count_free_then(kThenPool * kPoolScale, usable);
       }
     });
   }
@@ -93,6 +93,27 @@ TEST(StatsCounters, PeakSurvivesFrees) {
   // Published every 64 KiB of change: exact to within one step.
   EXPECT_GE(t.bytes_peak, std::uint64_t{1000} * 4096 - 64 * 1024);
   EXPECT_LE(t.bytes_peak, std::uint64_t{1000} * 4096);
+}
+
+// A thread that allocates and frees in turn publishes what it allocated and
+// what it freed apart, 64 KiB at a time: its peak stays within one step of
+// the true one either way, and the live total is exact.
+TEST(StatsCounters, PeakOfChurnIsWithinOneStep) {
+  constexpr int kChurnPool = 1;
+  const PoolTotals before = pool_totals(kChurnPool);
+  constexpr std::uint64_t kBase = 1 << 20;
+  std::thread([] {
+    count_alloc(kChurnPool, kBase, kBase);
+    for (int i = 0; i < 100000; ++i) {
+      count_alloc(kChurnPool, 100, 112);
+      count_free(kChurnPool, 112);
+    }
+  }).join();
+  const PoolTotals after = pool_totals(kChurnPool);
+  EXPECT_EQ(after.bytes_live - before.bytes_live, static_cast<std::int64_t>(kBase));
+  const std::uint64_t true_peak = static_cast<std::uint64_t>(before.bytes_live) + kBase + 112;
+  EXPECT_GE(after.bytes_peak + 64 * 1024, true_peak);
+  EXPECT_LE(after.bytes_peak, true_peak + 64 * 1024);
 }
 
 // Threads beyond the kSlots own slots count in the shared overflow slot: the

@@ -487,19 +487,33 @@ static inline __attribute__((always_inline)) size_t free_local_sized(void* p) {
   mi_segment_t* const segment = _mi_ptr_segment(p);
   mi_page_t* const page = _mi_segment_page_of(segment, p);
   if (mi_likely(_mi_thread_id() == mi_atomic_load_relaxed(&segment->thread_id) &&
-                page->flags.full_aligned == 0 && page->used > 1)) {  /* not the last: no retire */
+                page->flags.full_aligned == 0)) {
+    /* Not the page's last block, whose free retires the page (mimalloc's
+     * own path, the caller's to take): tested by the decrement itself, as
+     * mi_free does, and undone when it was the last (only this thread
+     * writes a page's `used`). */
+    if (mi_unlikely(--page->used == 0)) {
+      page->used = 1;
+      return 0;
+    }
     mi_block_t* const block = (mi_block_t*)p;
-    if (mi_unlikely(mi_check_is_double_free(page, block))) return mi_page_usable_block_size(page);
+    if (mi_unlikely(mi_check_is_double_free(page, block))) {
+      page->used++;
+      return mi_page_usable_block_size(page);
+    }
     mi_check_padding(page, block);
     mi_stat_free(page, block);
     mi_track_free(p);
     mi_block_set_next(page, block, page->local_free);
     page->local_free = block;
-    page->used--;
     /* More than one block in the page: its blocks are smaller than
      * MI_HUGE_BLOCK_SIZE (a page of a larger one holds that one alone), so
-     * xblock_size is the block size itself. */
-    return (size_t)page->xblock_size - MI_PADDING_SIZE;
+     * xblock_size is the block size itself; never 0 (a block holds at least
+     * its free-list link), which lets a caller's test of the result for 0
+     * go to the "not this case" branch directly. */
+    const size_t usable = (size_t)page->xblock_size - MI_PADDING_SIZE;
+    if (usable == 0) __builtin_unreachable();
+    return usable;
   }
   return 0;
 }
