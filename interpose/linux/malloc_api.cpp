@@ -193,7 +193,7 @@ namespace {
 // mimalloc's generic path (a page to refill, a large block, the arena to
 // grow), then the count.
 [[gnu::noinline]] void* counted_malloc_generic(std::size_t size) noexcept {
-  const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_sized(size);
+  const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_generic_sized(size);
   if (__builtin_expect(block.p == nullptr, 0)) return managed_alloc(size, 0, false);
   stats::count_alloc(pool_of_tag(owner_tag(block.p)), size, block.usable);
   return block.p;
@@ -202,7 +202,7 @@ namespace {
 // Mode::arena, what mimalloc's fast case left: its generic path (a page to
 // refill, a large block), then the arena's growth.
 [[gnu::noinline]] void* arena_malloc_generic(std::size_t size) noexcept {
-  void* p = mi_malloc(size);
+  void* p = mnemosyne_mi_malloc_generic(size);
   if (__builtin_expect(p != nullptr, 1)) return p;
   return malloc_other(size);
 }

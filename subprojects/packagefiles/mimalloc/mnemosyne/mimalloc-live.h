@@ -141,17 +141,21 @@ int mnemosyne_mi_arena_revive(int slot, void* start, size_t size, int is_zero);
  * register for the case where mi_malloc returns NULL and the arena grows. */
 void* mnemosyne_mi_malloc_fast(size_t size);
 
+/* mi_malloc(size) where mnemosyne_mi_malloc_fast(size) returned NULL:
+ * mimalloc's generic path (a page to refill or find, a large block), with
+ * no second try of the fast case. */
+void* mnemosyne_mi_malloc_generic(size_t size);
+
 /* A block and its usable size (what mi_usable_size says of it). */
 typedef struct mnemosyne_mi_sized_s {
   void* p;
   size_t usable;
 } mnemosyne_mi_sized_t;
 
-/* mi_malloc(size), and the usable size of the block, read from the page that
- * served it: statistics count every block's usable size, and a counted
- * malloc then finds its page once, as mimalloc's own does. { NULL, 0 } when
- * mi_malloc returns NULL. */
-mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size);
+/* mnemosyne_mi_malloc_generic(size), and the usable size of the block:
+ * statistics count every block's usable size. { NULL, 0 } when it returns
+ * NULL. */
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_generic_sized(size_t size);
 
 /* mi_free(p) of a block of mimalloc's (not NULL), returning its usable size
  * as mi_usable_size(p) said before the free: the same page is found once. */

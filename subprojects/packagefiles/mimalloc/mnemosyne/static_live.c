@@ -473,12 +473,18 @@ void* mnemosyne_mi_malloc_fast(size_t size) {
   return malloc_fast_sized(size).p;  /* the usable size, never read, is not loaded */
 }
 
+/* What mi_malloc does when _mi_page_malloc finds its page's free list
+ * empty, and for sizes above the small ones (alloc.c): the generic path,
+ * here without the fast case first (the interposer tried it). */
+void* mnemosyne_mi_malloc_generic(size_t size) {
+  return _mi_malloc_generic(mi_get_default_heap(), size + MI_PADDING_SIZE, false, 0);
+}
+
 /* Counted malloc and free (mimalloc-live.h): the common cases above, else
  * mimalloc's own path and the usable size of what it served or frees. */
-mnemosyne_mi_sized_t mnemosyne_mi_malloc_sized(size_t size) {
-  mnemosyne_mi_sized_t r = malloc_fast_sized(size);
-  if (mi_likely(r.p != NULL)) return r;
-  r.p = mi_malloc(size);
+mnemosyne_mi_sized_t mnemosyne_mi_malloc_generic_sized(size_t size) {
+  mnemosyne_mi_sized_t r;
+  r.p = mnemosyne_mi_malloc_generic(size);
   r.usable = r.p != NULL ? mi_usable_size(r.p) : 0;
   return r;
 }
