@@ -131,9 +131,12 @@ template <int C>
   return mode == Mode::managed ? counted<C>(p, size) : p;
 }
 
+// Every free the fast test leaves; the entry is read again here, so the
+// fast path keeps nothing for it.
 template <int C>
-[[gnu::noinline]] void free_slow(void* p, std::uint8_t tag, bool aligned) noexcept {
+[[gnu::noinline]] void free_slow(void* p, bool aligned) noexcept {
   if (p == nullptr) return;
+  const std::uint8_t tag = owner_tag(p);
   if (g_policy.counting && current_mode() == Mode::managed) {
     count_release(p, tag, usable_of<C>(p, tag));
   }
@@ -163,7 +166,7 @@ void crt_free(void* p) noexcept {
     mi_free(p);
     return;
   }
-  free_slow<C>(p, owner_tag(p), false);
+  free_slow<C>(p, false);
 }
 
 template <int C>
@@ -283,7 +286,7 @@ void crt_aligned_free(void* p) noexcept {
     mi_free(p);
     return;
   }
-  free_slow<C>(p, owner_tag(p), true);
+  free_slow<C>(p, true);
 }
 
 template <int C>
