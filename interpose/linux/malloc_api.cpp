@@ -180,9 +180,12 @@ namespace {
 // that counted_malloc leaves, or of another mode.
 [[gnu::noinline]] void* malloc_other(std::size_t size) noexcept {
   const Mode mode = settled_mode();
-  if (mode == Mode::arena) {  // mimalloc returned NULL (or the mode was held): grow, or fall back
+  if (mode == Mode::arena || mode == Mode::counted) {
+    // mimalloc returned NULL (or the mode was held): grow, or fall back;
+    // counted when statistics are on.
     void* p = arena::alloc_slow(size, 0, false);
-    return p != nullptr ? p : nomem();
+    if (p == nullptr) return nomem();
+    return mode == Mode::counted ? counted(p, size) : p;
   }
   if (managed_mode(mode)) return managed_alloc(size, 0, false);
   if (mode == Mode::diverted) return system_alloc(size, 0, false);
@@ -190,11 +193,11 @@ namespace {
 }
 
 // Statistics on, no routing, what malloc_slow's counted case leaves:
-// mimalloc's generic path (a page to refill, a large block, the arena to
-// grow), then the count.
+// mimalloc's generic path (a page to refill, a large block), then the
+// count; the arena's growth and any failure as in Mode::arena.
 [[gnu::noinline]] void* counted_malloc_generic(std::size_t size) noexcept {
   const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_generic_sized(size);
-  if (__builtin_expect(block.p == nullptr, 0)) return managed_alloc(size, 0, false);
+  if (__builtin_expect(block.p == nullptr, 0)) return malloc_other(size);
   stats::count_alloc(pool_of_tag(owner_tag(block.p)), size, block.usable);
   return block.p;
 }
