@@ -57,11 +57,11 @@ inline constexpr std::uint64_t kUnpublishedStart = 0 - kPublishBytes;
 // kUnpublishedStart; a report takes their difference, so either way they
 // read as their unpublished bytes.
 struct alignas(64) PoolSlot {
-  std::uint64_t allocations;
-  std::uint64_t frees;
-  std::uint64_t bytes_requested;
-  std::uint64_t added;    // live bytes allocated, not yet in the pool's total
-  std::uint64_t removed;  // and freed
+  std::uint64_t allocations = 0;
+  std::uint64_t frees = 0;
+  std::uint64_t bytes_requested = 0;
+  std::uint64_t added = 0;    // live bytes allocated, not yet in the pool's total
+  std::uint64_t removed = 0;  // and freed
 };
 
 struct Slot {
