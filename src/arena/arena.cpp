@@ -512,30 +512,30 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     // for another thread's growth timed out.
     //
     // mimalloc may also stop at memory the backend has reserved but not
-    // backed yet (it cannot call the driver from inside mimalloc): that is
-    // backed here and asked again, for as long as backing succeeds: another
-    // thread may take what was backed first, but each backing adds memory
-    // the arena keeps backed, so no thread goes to the host heap because
-    // others were faster. A backend that refuses (the driver would not
-    // page-lock more) would refuse a larger arena the same way.
+    // backed yet (it cannot call the driver from inside mimalloc): the range
+    // it tried first is backed here and asked again, for as long as backing
+    // succeeds. mimalloc, asked again, tries that range first again; another
+    // thread may take it meanwhile, which is progress too, so no thread goes
+    // to the host heap because others were faster. A backend that refuses
+    // (the driver would not page-lock more) would refuse a larger arena the
+    // same way.
     // A failed commit left from an earlier allocation is not backed: mimalloc
     // tries its ranges in turn, and one that failed before the range that
     // served is stale. Backing it here locked memory nothing used (a realloc
     // growing to 1.5 GiB held twice its size, 4.3 GiB resident on an H200).
     forget_pending();
-    bool pending = false;
-    bool refused = false;
+    BackedRange backed;
+    Backing backing = Backing::none;
     for (;;) {
       const std::uint32_t seen = g_state.generation.load(std::memory_order_acquire);
       p = mi_retry(size, alignment, zero);
+      end_backed(&backed);
       if (p != nullptr) break;
-      if (const bool backed = commit_pending(&pending); pending) {
-        refused = !backed;
-        if (refused) break;
-        continue;
-      }
-      if (!grow(size + alignment, seen)) break;
+      backing = back_pending(&backed);
+      if (backing == Backing::backed) continue;
+      if (backing == Backing::refused || !grow(size + alignment, seen)) break;
     }
+    const bool refused = backing == Backing::refused;
     if (refused) {
       describe_refusal(g_state.backend.load(std::memory_order_relaxed), size, dedicated_why,
                        sizeof dedicated_why);

@@ -16,23 +16,12 @@ std::atomic<bool> g_forked_child{false};
 // What a new reservation backs to learn whether the driver will: mimalloc's
 // unit of commit (MI_COMMIT_SIZE).
 constexpr std::size_t kProbeBytes = std::size_t{64} << 10;
-// The range of this thread's last commit that needed the driver.
-struct PendingCommit {
-  void* start = nullptr;
-  std::size_t size = 0;
-};
-thread_local PendingCommit t_pending;
-
-// Commits [start, start + size) of a reserved segment through its backend.
-bool backend_commit(void* start, std::size_t size, bool may_call_driver) noexcept {
-  return with_backend(owner_backend(owner_tag(start)), [&]<MemoryBackend B>() {
-    if constexpr (B::commits_on_demand) {
-      return B::commit(start, size, may_call_driver);
-    } else {
-      return true;
-    }
-  });
-}
+// The range of this thread's first commit that needed the driver since the
+// last back_pending or forget_pending. The first, not the last: when a
+// commit fails mimalloc tries other ranges (a fresh segment, the next
+// arena), whose commits fail too; the one it tried first is the one it
+// tries first again.
+thread_local BackedRange t_pending;
 
 std::size_t page_size() noexcept {
   return Os::page_size();
@@ -62,20 +51,20 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
   if (reserve) {
     raw = with_backend(backend, [&]<MemoryBackend B>() -> void* {
       if constexpr (B::commits_on_demand) {
-        // A reservation serves only if the driver backs it: one granule is
-        // backed and marked unused again (it stays backed until the backend
-        // gives idle granules back), so a driver that refuses is found here,
-        // where the arena can still take memory the other way, and not at
-        // the first malloc.
+        // A reservation serves only if the driver backs it: the granule
+        // where mimalloc will commit first is backed (it stays backed, unused,
+        // until the backend gives unused granules back), so a driver that
+        // refuses is found here, where the arena can still take memory the
+        // other way, and not at the first malloc.
         void* r = B::reserve(raw_size);
         if (r == nullptr) return nullptr;
         void* first = reinterpret_cast<void*>((reinterpret_cast<std::uintptr_t>(r) + align - 1) &
                                               ~(std::uintptr_t{align} - 1));
-        if (!B::commit(first, kProbeBytes, /*may_call_driver=*/true)) {
+        if (!B::back(first, kProbeBytes)) {
           B::release(r, raw_size);
           return nullptr;
         }
-        B::decommit(first, kProbeBytes);
+        B::back_done(first, kProbeBytes);
         return r;
       } else {
         return nullptr;
@@ -116,8 +105,8 @@ int commit_range(void* start, std::size_t size, int op) noexcept {
   return with_backend(owner_backend(tag), [&]<MemoryBackend B>() -> int {
     if constexpr (B::commits_on_demand) {
       if (op == MNEMOSYNE_MI_COMMIT) {
-        if (B::commit(start, size, /*may_call_driver=*/false)) return 1;
-        t_pending = PendingCommit{start, size};
+        if (B::commit(start, size)) return 1;
+        if (t_pending.start == nullptr) t_pending = BackedRange{start, size};
         return 0;
       }
       if (op == MNEMOSYNE_MI_DECOMMIT) B::decommit(start, size);
@@ -178,20 +167,34 @@ void release_segment(const Segment& segment) noexcept {
 }
 
 void forget_pending() noexcept {
-  t_pending = PendingCommit{};
+  t_pending = BackedRange{};
 }
 
-bool commit_pending(bool* pending) noexcept {
-  const PendingCommit p = t_pending;
-  t_pending = PendingCommit{};
-  *pending = p.start != nullptr;
-  if (!*pending || !backend_commit(p.start, p.size, /*may_call_driver=*/true)) return false;
-  // Here, outside mimalloc and every lock of the arena, is where the
-  // backend's give-back may start (a thread: its creation may call malloc).
-  with_backend(owner_backend(owner_tag(p.start)), []<MemoryBackend B>() {
-    if constexpr (B::commits_on_demand) B::start_give_back();
+Backing back_pending(BackedRange* backed) noexcept {
+  *backed = t_pending;
+  t_pending = BackedRange{};
+  if (backed->start == nullptr) return Backing::none;
+  return with_backend(owner_backend(owner_tag(backed->start)), [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      if (!B::back(backed->start, backed->size)) {
+        *backed = BackedRange{};
+        return Backing::refused;
+      }
+      // Here, outside mimalloc and every lock of the arena, is where the
+      // backend's give-back may start (a thread: its creation may call
+      // malloc).
+      B::start_give_back();
+    }
+    return Backing::backed;
   });
-  return true;
+}
+
+void end_backed(BackedRange* backed) noexcept {
+  if (backed->start == nullptr) return;
+  with_backend(owner_backend(owner_tag(backed->start)), [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) B::back_done(backed->start, backed->size);
+  });
+  *backed = BackedRange{};
 }
 
 bool segment_readable(const void* start, std::size_t size) noexcept {

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 
 #include "backend/backend_id.hpp"
 
@@ -37,17 +38,29 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
 // size): -1 when it is not memory of a segment, else 1 done or 0 failed.
 // Called from inside mimalloc, so it never calls a driver (which calls
 // malloc): a commit of reserved memory the backend has not backed yet fails
-// and is left pending for this thread, for commit_pending. Decommit marks
+// and is left pending for this thread, for back_pending. Decommit marks
 // the range unused. Memory not reserved is always backed and never goes to
 // madvise (driver memory must not): nothing to do. In a forked child the
 // child's copy is backed already.
 int commit_range(void* start, std::size_t size, int op) noexcept;
 
-// The commit that failed last on this thread, from outside mimalloc: backs
-// it (a driver call) and clears it. False when there was none, or when the
-// backend refused (it is cleared then too); *pending says whether there was
-// one.
-bool commit_pending(bool* pending) noexcept;
+// The range of a commit that failed.
+struct BackedRange {
+  void* start = nullptr;
+  std::size_t size = 0;
+};
+enum class Backing : std::uint8_t { none, backed, refused };
+// The commit that failed first on this thread since the last call (or
+// forget_pending), from outside mimalloc: backs its range (a driver call)
+// for mimalloc to commit when asked again, clears it, and returns it in
+// *backed; the backend keeps it backed until end_backed, which the caller
+// calls once it asked again. `none` when no commit failed, `refused` when
+// the backend would not back it (cleared too; *backed empty then).
+Backing back_pending(BackedRange* backed) noexcept;
+// After mimalloc was asked again: what of *backed it did not commit is
+// unused memory again, which the backend gives back in its time. Empties
+// *backed; does nothing when it is empty.
+void end_backed(BackedRange* backed) noexcept;
 // Forgets this thread's failed commit without backing it: one left from an
 // allocation that succeeded in the end (mimalloc tried another range after
 // it) is memory no one is about to use.

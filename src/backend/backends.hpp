@@ -128,7 +128,9 @@ struct CudaHostPinned : CpuMemory {
   static void* allocate(std::size_t size) noexcept;
   static bool deallocate(void* ptr, std::size_t size) noexcept;
   static void* reserve(std::size_t size) noexcept;
-  static bool commit(void* ptr, std::size_t size, bool may_call_driver) noexcept;
+  static bool commit(void* ptr, std::size_t size) noexcept;
+  static bool back(void* ptr, std::size_t size) noexcept;
+  static void back_done(void* ptr, std::size_t size) noexcept;
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept;
   static void start_give_back() noexcept;
@@ -162,7 +164,9 @@ struct Host : CpuMemory {
   static AllocationRegistry& registry() noexcept;
   static void* reserve(std::size_t size) noexcept { return allocate(size); }
   static bool reservation_zero() noexcept { return true; }
-  static bool commit(void*, std::size_t, bool) noexcept { return true; }
+  static bool commit(void*, std::size_t) noexcept { return true; }
+  static bool back(void*, std::size_t) noexcept { return true; }
+  static void back_done(void*, std::size_t) noexcept {}
   static void decommit(void* ptr, std::size_t size) noexcept;
   static bool release(void* ptr, std::size_t size) noexcept { return deallocate(ptr, size); }
   static void start_give_back() noexcept {}

@@ -46,9 +46,12 @@ bool > &&
         // hold data, somewhere only copy_out reads without moving it.
         std::same_as<std::remove_cv_t<decltype(B::data_off_cpu)>, bool>&&
             // Memory backed only where it is committed: reserve() gives address
-            // space (nothing of it locked or allocated), commit()
-            // backs a page-aligned range inside a reservation (false: it could
-            // not, or it would have to call the driver and may not),
+            // space (nothing of it locked or allocated), commit() marks a
+            // page-aligned range inside a reservation in use (false: it is not
+            // all backed; never a driver call, as it runs inside mimalloc),
+            // back() backs such a range for a commit about to be asked again
+            // (a driver call, outside the allocator; nothing marked in use)
+            // and keeps it backed until back_done() says the retry is over,
             // decommit() marks a range unused (no driver call),
             // release() gives back the whole reservation, start_give_back()
             // starts what returns unused parts of reservations (outside the
@@ -65,8 +68,12 @@ bool > &&
       // Whether reserved memory reads zero where it is first committed.
       { B::reservation_zero() }
       noexcept->std::same_as<bool>;
-      { B::commit(ptr, size, true) }
+      { B::commit(ptr, size) }
       noexcept->std::same_as<bool>;
+      { B::back(ptr, size) }
+      noexcept->std::same_as<bool>;
+      { B::back_done(ptr, size) }
+      noexcept->std::same_as<void>;
       { B::decommit(ptr, size) }
       noexcept->std::same_as<void>;
       { B::release(ptr, size) }

@@ -34,10 +34,13 @@
 //
 // mimalloc commits from inside its allocation path, where the driver must
 // not be called: the driver calls malloc, which would re-enter mimalloc
-// mid-operation. So a commit there succeeds only on granules backed already
-// (commit with may_call_driver false); otherwise it fails, mimalloc returns
-// NULL, and the arena's slow path, outside mimalloc, backs the range
-// (may_call_driver true) and asks again.
+// mid-operation. So commit() succeeds only on granules backed already;
+// otherwise it fails, mimalloc returns NULL, and the arena's slow path,
+// outside mimalloc, backs the range that failed first (back()) and asks
+// again. back() marks no chunk committed: mimalloc, asked again, may serve
+// the request from another range, and a chunk it never committed would
+// keep its granule locked for good (a buffer grown step by step locked a
+// granule at the head of every segment mimalloc tried: gigabytes).
 //
 // Giving back has the same constraint: mimalloc decommits from inside its
 // free path. A decommit only marks chunks unused; a thread of mnemosyne's
@@ -82,6 +85,12 @@ constexpr Word kBacked = Word{1} << 32;
 constexpr Word kBusy = Word{1} << 33;
 constexpr Word kIdle = Word{1} << 34;
 constexpr Word kKept = Word{1} << 35;
+// Backed for a commit that failed inside mimalloc and is about to be asked
+// again (back()), no chunk committed yet: no give-back pass takes it, so
+// the retry finds it backed however busy the passes are, until the retry
+// is over (back_done()). If mimalloc then committed elsewhere, the granule
+// is given back like any unused one, a pass or two later.
+constexpr Word kFresh = Word{1} << 36;
 // A give-back pass marks the backed granules no chunk uses (idle) and gives
 // back those the pass before marked: a granule goes back between one and
 // two passes after mimalloc stopped using it. mimalloc's own delay before
@@ -119,6 +128,8 @@ constinit std::atomic<std::uint32_t> g_idle_events{0};
 // Bytes of backed granules, and committed chunks in them: their difference
 // is what is backed and unused.
 constinit std::atomic<std::int64_t> g_backed_bytes{0};
+// Bytes of fresh granules: backed for a retry under way, not unused.
+constinit std::atomic<std::int64_t> g_fresh_bytes{0};
 constinit std::atomic<std::int64_t> g_committed_chunks{0};
 // Bumped (and the give-back thread woken from its wait between passes) when
 // more than kKeepUnused is backed and unused; g_prompt_pending keeps a burst
@@ -311,10 +322,30 @@ std::atomic<Word>& word(Reservation& r, std::uintptr_t g) noexcept {
   return r.granules[granule_index(r, g)];
 }
 
-// Bytes backed and not committed, over every reservation.
+// Bytes backed and not committed, over every reservation, less those of
+// fresh granules (about to be committed).
 std::int64_t unused_bytes() noexcept {
   return g_backed_bytes.load(std::memory_order_relaxed) -
-         g_committed_chunks.load(std::memory_order_relaxed) * static_cast<std::int64_t>(kChunk);
+         g_committed_chunks.load(std::memory_order_relaxed) * static_cast<std::int64_t>(kChunk) -
+         g_fresh_bytes.load(std::memory_order_relaxed);
+}
+
+// Counts a change of granule g's word from `before` to `after` in
+// g_fresh_bytes.
+void count_fresh(const Reservation& r, Word before, Word after) noexcept {
+  if (((before ^ after) & kFresh) == 0) return;
+  const auto bytes = static_cast<std::int64_t>(r.granule);
+  g_fresh_bytes.fetch_add((after & kFresh) != 0 ? bytes : -bytes, std::memory_order_relaxed);
+}
+
+// Tells the give-back thread when a granule's word `s` says it is backed
+// and unused (the thread may be asleep for want of one).
+void note_if_unused(Word s) noexcept {
+  if ((s & (kChunkBits | kBusy | kKept | kFresh)) != 0 || (s & kBacked) == 0) return;
+  // Both sequentially consistent, as the thread's store and load are: either
+  // it sees this event before sleeping, or this sees it sleeping.
+  g_idle_events.fetch_add(1, std::memory_order_seq_cst);
+  if (g_give_back_sleeping.load(std::memory_order_seq_cst)) Os::wake_all(&g_idle_events);
 }
 
 // Marks `bits` of granule g uncommitted. The granule stays backed even when
@@ -331,19 +362,12 @@ void drop_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
     g_prompt_events.fetch_add(1, std::memory_order_seq_cst);
     Os::wake_all(&g_prompt_events);
   }
-  if ((before & bits) != 0 && (after & (kChunkBits | kBusy | kKept)) == 0 &&
-      (after & kBacked) != 0) {
-    // Both sequentially consistent, as the thread's store and load are: either
-    // it sees this event before sleeping, or this sees it sleeping.
-    g_idle_events.fetch_add(1, std::memory_order_seq_cst);
-    if (g_give_back_sleeping.load(std::memory_order_seq_cst)) Os::wake_all(&g_idle_events);
-  }
+  if ((before & bits) != 0) note_if_unused(after);
 }
 
-// Marks `bits` of granule g committed (none: only in use, no longer idle),
-// backing it first when it is not and `may_call_driver`; false when it is
-// not backed and cannot be now.
-bool add_bits(Reservation& r, std::uintptr_t g, Word bits, bool may_call_driver) noexcept {
+// Marks `bits` of granule g committed (none: only in use, no longer idle);
+// false when it is not backed. Never calls the driver.
+bool add_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
   std::atomic<Word>& w = word(r, g);
   Word s = w.load(std::memory_order_acquire);
   for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
@@ -356,24 +380,55 @@ bool add_bits(Reservation& r, std::uintptr_t g, Word bits, bool may_call_driver)
     }
     // A forked child (no driver) has its own copy of the memory: using it
     // needs no driver.
-    if ((s & kBacked) != 0 || driver_api() == nullptr) {
-      if (w.compare_exchange_weak(s, (s & ~kIdle) | bits, std::memory_order_acq_rel)) {
-        g_committed_chunks.fetch_add(__builtin_popcountll(bits & ~s), std::memory_order_relaxed);
-        return true;
-      }
+    if ((s & kBacked) == 0 && driver_api() != nullptr) return false;
+    const Word now = (s & ~(kIdle | kFresh)) | bits;
+    if (w.compare_exchange_weak(s, now, std::memory_order_acq_rel)) {
+      g_committed_chunks.fetch_add(__builtin_popcountll(bits & ~s), std::memory_order_relaxed);
+      count_fresh(r, s, now);
+      return true;
+    }
+  }
+}
+
+// Backs granule g for a commit about to be asked again, and marks it fresh
+// (no give-back pass takes it until back_done); false when the driver
+// refused. A granule backed already is only marked (one in use, with
+// committed chunks, needs no mark).
+bool back_granule(Reservation& r, std::uintptr_t g) noexcept {
+  std::atomic<Word>& w = word(r, g);
+  Word s = w.load(std::memory_order_acquire);
+  for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
+    if ((s & kBusy) != 0) {
+      if (in_driver_call()) return false;
+      Os::pause(spins++);
       continue;
     }
-    if (!may_call_driver) return false;
+    if ((s & kBacked) != 0) {
+      const Word now = (s & ~kIdle) | ((s & kChunkBits) == 0 ? kFresh : 0);
+      if (!w.compare_exchange_weak(s, now, std::memory_order_acq_rel)) continue;
+      count_fresh(r, s, now);
+      return true;
+    }
     if (!w.compare_exchange_weak(s, s | kBusy, std::memory_order_acq_rel)) continue;
     std::uintptr_t start = 0;
     std::size_t size = 0;
     granule_span(r, g, &start, &size);
     const bool ok = driver_back(r, start, size, /*lock=*/true);
-    if (ok)
-      g_committed_chunks.fetch_add(__builtin_popcountll(bits & ~s), std::memory_order_relaxed);
-    w.store(ok ? (s | bits | kBacked) : s, std::memory_order_release);
+    if (ok) count_fresh(r, s, s | kFresh);
+    w.store(ok ? (s | kBacked | kFresh) : s, std::memory_order_release);
     return ok;
   }
+}
+
+// Ends granule g's fresh mark: unused now unless mimalloc committed in it.
+void end_fresh(Reservation& r, std::uintptr_t g) noexcept {
+  std::atomic<Word>& w = word(r, g);
+  Word s = w.load(std::memory_order_acquire);
+  while ((s & kFresh) != 0 && !w.compare_exchange_weak(s, s & ~kFresh, std::memory_order_acq_rel)) {
+  }
+  if ((s & kFresh) == 0) return;
+  count_fresh(r, s, s & ~kFresh);
+  note_if_unused(s & ~kFresh);
 }
 
 // Number of granule words of a reservation.
@@ -647,37 +702,60 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
   return p;
 }
 
-bool CudaHostPinned::commit(void* ptr, std::size_t size, bool may_call_driver) noexcept {
+bool CudaHostPinned::commit(void* ptr, std::size_t size) noexcept {
   const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
   Reservation* r = find(lo, size);
   if (r == nullptr) return false;
   const std::uintptr_t hi = lo + size;
-  // About to back granules (the arena's slow path, outside mimalloc): what
-  // the heap freed beyond kKeepUnused goes back first, here, so that a
-  // realloc growing by copies holds its new block and the old one, not the
-  // ones before, however late a busy machine runs the give-back thread.
-  if (may_call_driver && unused_bytes() > kKeepUnused && !in_driver_call()) {
-    give_back_pass(/*excess_only=*/true);
-  }
   // mimalloc commits whole ranges of which some chunks may be committed
   // already (and hold live data), so a failed commit must not clear any
-  // bit: first every granule is backed (or the commit fails having changed
-  // nothing), and marked in use (no longer idle), then the chunks are
-  // marked. A give-back pass that gives back one of the granules in
+  // bit: first every granule is found backed (or the commit fails having
+  // changed nothing), and marked in use (no longer idle), then the chunks
+  // are marked. A give-back pass that gives back one of the granules in
   // between (marked idle by the pass before, or unused while more than
   // kKeepUnused is) makes the second loop fail: the chunks marked by then
   // stay marked, which only keeps their granules backed until mimalloc
   // decommits them.
   const std::uintptr_t first = lo / r->granule * r->granule;
   for (std::uintptr_t g = first; g < hi; g += r->granule) {
-    if (!add_bits(*r, g, 0, may_call_driver)) return false;
+    if (!add_bits(*r, g, 0)) return false;
   }
   for (std::uintptr_t g = first; g < hi; g += r->granule) {
-    if (!add_bits(*r, g, chunk_bits(*r, g, lo, hi, /*liberal=*/true), may_call_driver)) {
+    if (!add_bits(*r, g, chunk_bits(*r, g, lo, hi, /*liberal=*/true))) return false;
+  }
+  return true;
+}
+
+bool CudaHostPinned::back(void* ptr, std::size_t size) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(lo, size);
+  // Inside a driver call on this thread (the driver is calling malloc),
+  // calling it again could deadlock.
+  if (r == nullptr || in_driver_call()) return false;
+  // What the heap freed beyond kKeepUnused goes back first, here, so that
+  // a realloc growing by copies holds its new block and the old one, not
+  // the ones before, however late a busy machine runs the give-back thread.
+  if (unused_bytes() > kKeepUnused) give_back_pass(/*excess_only=*/true);
+  // Only backed, no chunk marked: mimalloc, asked again, commits what it
+  // uses, which need not be this range (it tries other ranges when one
+  // fails). Chunks marked here and never committed by mimalloc would keep
+  // their granules locked for good.
+  const std::uintptr_t hi = lo + size;
+  for (std::uintptr_t g = lo / r->granule * r->granule; g < hi; g += r->granule) {
+    if (!back_granule(*r, g)) {
+      if (g > lo) back_done(ptr, static_cast<std::size_t>(g - lo));  // what this call marked
       return false;
     }
   }
   return true;
+}
+
+void CudaHostPinned::back_done(void* ptr, std::size_t size) noexcept {
+  const auto lo = reinterpret_cast<std::uintptr_t>(ptr);
+  Reservation* r = find(lo, size);
+  if (r == nullptr) return;
+  const std::uintptr_t hi = lo + size;
+  for (std::uintptr_t g = lo / r->granule * r->granule; g < hi; g += r->granule) end_fresh(*r, g);
 }
 
 void CudaHostPinned::decommit(void* ptr, std::size_t size) noexcept {
@@ -705,6 +783,7 @@ bool CudaHostPinned::release(void* ptr, std::size_t size) noexcept {
     const Word state = r->granules[i].load(std::memory_order_acquire);
     g_committed_chunks.fetch_sub(__builtin_popcountll(state & kChunkBits),
                                  std::memory_order_relaxed);
+    count_fresh(*r, state, state & ~kFresh);
     if ((state & kBacked) == 0) continue;
     std::uintptr_t start = 0;
     std::size_t span = 0;

@@ -29,8 +29,11 @@
 #include <thread>
 #include <vector>
 
+#include <mimalloc-live.h>
+
 #include "arena/arena.hpp"
 #include "arena/ownership_map.hpp"
+#include "arena/segment_provider.hpp"
 #include "backend/backends.hpp"
 #include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
@@ -799,6 +802,67 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
   });
 }
 #endif  // !_WIN32
+
+// A commit mimalloc cannot make inside its allocation path (the granule is
+// not backed) is left pending; when it fails, mimalloc tries other ranges
+// (a fresh segment, the next arena), which fail too. The slow path backs
+// the range tried first, the one mimalloc tries first when asked again, and
+// only backs it: if mimalloc then serves the request elsewhere, the granule
+// goes back like any unused one. Backing the last range tried, and marking
+// it committed, locked a granule at the head of every segment a growing
+// buffer made mimalloc try (gigabytes, never given back: issue 35).
+TEST(Arena, PinnedVmmBacksTheCommitTriedFirstAndOnlyBacksIt) {
+  IN_FRESH_PROCESS({
+    if (under_valgrind()) {
+      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
+      std::exit(0);
+    }
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;
+    set_pinned_commit(PinnedCommit::vmm);
+    ASSERT_TRUE(start_arena(cfg));
+    void* p = arena::alloc(64);
+    ASSERT_NE(p, nullptr);
+    ASSERT_NE(owner_tag(p) & kOwnerOnDemand, 0) << "not in granules";
+    // Two granules of the first arena (64 MiB) that mimalloc has not used.
+    const std::uintptr_t segment = reinterpret_cast<std::uintptr_t>(p) >> kSegmentShift
+                                                                              << kSegmentShift;
+    void* first = reinterpret_cast<void*>(segment + 16 * kMiB);
+    void* later = reinterpret_cast<void*>(segment + 24 * kMiB);
+    constexpr std::size_t kChunk = 64 << 10;
+    ASSERT_FALSE(segment_readable(first, kChunk));
+    ASSERT_FALSE(segment_readable(later, kChunk));
+    EXPECT_EQ(commit_range(first, kChunk, MNEMOSYNE_MI_COMMIT), 0);
+    EXPECT_EQ(commit_range(later, kChunk, MNEMOSYNE_MI_COMMIT), 0);
+    BackedRange backed;
+    EXPECT_EQ(back_pending(&backed), Backing::backed);
+    EXPECT_EQ(backed.start, first);
+    EXPECT_TRUE(segment_readable(first, kChunk)) << "the range tried first is not backed";
+    EXPECT_FALSE(segment_readable(later, kChunk)) << "a range tried later was backed";
+    BackedRange none;
+    EXPECT_EQ(back_pending(&none), Backing::none) << "the pending commit was not cleared";
+    // Until the retry is over, no give-back pass (one each 500 ms) takes it,
+    // however many run: on a busy machine a pass between the backing and
+    // the retry made the retry fail again, for ever.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(segment_readable(first, kChunk)) << "a pass took a range backed for a retry";
+    // The retry committed elsewhere: it goes back within a few passes.
+    // Polled: what matters is that it goes, not when.
+    end_backed(&backed);
+    EXPECT_EQ(backed.start, nullptr);
+    for (int i = 0; i < 1000 && segment_readable(first, kChunk); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_FALSE(segment_readable(first, kChunk)) << "a range backed for a retry stayed locked";
+    // Asked again after the backing, the commit succeeds without the driver.
+    EXPECT_EQ(commit_range(later, kChunk, MNEMOSYNE_MI_COMMIT), 0);
+    EXPECT_EQ(back_pending(&backed), Backing::backed);
+    EXPECT_EQ(commit_range(later, kChunk, MNEMOSYNE_MI_COMMIT), 1);
+    end_backed(&backed);
+    EXPECT_EQ(commit_range(later, kChunk, MNEMOSYNE_MI_DECOMMIT), 1);
+    release(p);
+  });
+}
 
 // A freed huge block's granules go back without waiting out the give-back
 // delay (up to a second): a realloc growing to 1.5 GiB otherwise held every
