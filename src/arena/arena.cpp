@@ -346,6 +346,22 @@ void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* w
   return p;
 }
 
+// Puts a dedicated segment in the table, the ownership map (`entry`) and the
+// counts; false (the segment given back) when the table is full.
+bool add_dedicated(const Segment& seg, std::uint8_t entry) noexcept {
+  owner_map_set(seg.start, seg.capacity != 0 ? seg.capacity : seg.size, entry);
+  if (!g_state.table.add(seg, /*dedicated=*/true)) {
+    release_segment(seg);
+    return false;
+  }
+  if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_add(seg.raw_size);
+  g_state.reserved[static_cast<int>(seg.backend)].fetch_add(seg.raw_size,
+                                                            std::memory_order_relaxed);
+  g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
+  g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
 // A block with a segment of its own; null with `why` set when there is none.
 void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* why,
                       std::size_t why_len) noexcept {
@@ -373,19 +389,75 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
     describe_refusal(backend, rounded, why, why_len);
     return nullptr;
   }
-  owner_map_set(seg.start, seg.size, owner_entry(kOwnerDedicated, backend));
-  if (!g_state.table.add(seg, /*dedicated=*/true)) {
-    release_segment(seg);
+  if (!add_dedicated(seg, owner_entry(kOwnerDedicated, backend))) {
     std::snprintf(why, why_len, "mnemosyne's segment table is full (%zu segments)",
                   SegmentTable::kCapacity);
     return nullptr;
   }
-  if (is_cuda_backend(backend)) g_state.backend_bytes.fetch_add(seg.raw_size);
-  g_state.reserved[static_cast<int>(backend)].fetch_add(seg.raw_size, std::memory_order_relaxed);
-  g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
-  g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
   if (zero && !reads_zero(seg)) clear_memory(backend, seg.start, size);
   return seg.start;
+}
+
+// A growable block of `size` bytes (a realloc growing a block to
+// kGrowableMin or more), with room to grow in place (realloc_in_place), as
+// glibc's mremap grows its mmapped chunks without a copy. Null when the
+// backend has no room to give that costs nothing until used, or refused:
+// the caller allocates as usual. Room costs nothing where arenas are
+// reservations (address space: 4 times the size, at least 1 GiB) and in
+// managed memory (backed where touched: twice the size); pinned arenas
+// locked whole would lock it, and get none.
+void* alloc_growable(std::size_t size) noexcept {
+  if (g_state.exhausted.load(std::memory_order_acquire) || g_state.forked_child) return nullptr;
+  const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
+  const bool reserve = arenas_reserve(backend);
+  // Managed memory: each growable block is a driver allocation of its own,
+  // as every block above 16 MiB already is; smaller ones stay in arenas.
+  if (!reserve && (!backend_backs_where_touched(backend) || size < kDedicatedHuge)) {
+    return nullptr;
+  }
+  constexpr std::size_t kMaxRoom = std::size_t{256} << 30;
+  const std::size_t need = round_up(size, kSegmentAlign);
+  if (need < size || need > kMaxRoom) return nullptr;
+  std::size_t room = reserve ? std::max(need * 4, std::size_t{1} << 30) : need * 2;
+  room = std::min(room, need + kMaxRoom);
+  // Less room where the limit or the backend would not give that much.
+  while (room > need && !within_limit(backend, room + kSegmentAlign)) {
+    room = std::max(need, room / 2 / kSegmentAlign * kSegmentAlign);
+  }
+  if (!within_limit(backend, room + kSegmentAlign)) return nullptr;
+  Segment seg;
+  bool got = acquire_growable(backend, size, room, reserve, &seg);
+  while (!got && room > need) {
+    room = std::max(need, room / 2 / kSegmentAlign * kSegmentAlign);
+    got = acquire_growable(backend, size, room, reserve, &seg);
+  }
+  if (!got) return nullptr;
+  const std::uint8_t kind = seg.on_demand ? kOwnerDedicated | kOwnerOnDemand : kOwnerDedicated;
+  return add_dedicated(seg, owner_entry(kind, backend)) ? seg.start : nullptr;
+}
+
+// Resizes the growable block at `ptr` to `size` where it stands: commits
+// what it grows by, gives back what it shrinks by. False when it is not a
+// growable block, has not the room, or the backend would not back more;
+// and below kGrowableMin, where the block goes back to the arena (a small
+// block does not keep a reservation, or managed room, of its own).
+bool realloc_in_place(void* ptr, std::size_t size) noexcept {
+  Segment seg;
+  if (size < kGrowableMin || g_state.forked_child || !g_state.table.find_dedicated(ptr, &seg) ||
+      seg.capacity == 0) {
+    return false;
+  }
+  const std::size_t want = round_up(size, Os::page_size());
+  if (want < size || want > seg.capacity) return false;
+  auto* start = static_cast<unsigned char*>(ptr);
+  if (want > seg.size) {
+    if (!commit_now(start + seg.size, want - seg.size)) return false;
+    g_state.table.resize_dedicated(ptr, want);
+  } else if (want < seg.size) {
+    g_state.table.resize_dedicated(ptr, want);
+    if (seg.on_demand) decommit_now(start + want, seg.size - want);
+  }
+  return true;
 }
 
 }  // namespace
@@ -565,8 +637,12 @@ std::size_t dedicated_size(const void* ptr) noexcept {
 
 void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   const std::size_t old_size = usable_size(ptr, tag);
-  if ((tag & kOwnerDedicated) != 0 && size <= old_size && size > old_size / 2) return ptr;
-  void* p = alloc(size);
+  if ((tag & kOwnerDedicated) != 0) {
+    if (realloc_in_place(ptr, size)) return ptr;
+    if (size <= old_size && size > old_size / 2) return ptr;
+  }
+  void* p = size > old_size && size >= kGrowableMin ? alloc_growable(size) : nullptr;
+  if (p == nullptr) p = alloc(size);
   if (p == nullptr) return nullptr;
   std::memcpy(p, ptr, std::min(old_size, size));
   free(ptr, tag);
@@ -616,7 +692,8 @@ void usage(Usage* out) noexcept {
     if (e.dedicated) {
       out->dedicated_blocks += 1;
       out->dedicated_in_use += e.segment.size;
-      out->dedicated_held += e.segment.raw_size;
+      // A growable block in a reservation holds what is committed of it.
+      out->dedicated_held += e.segment.on_demand ? e.segment.size : e.segment.raw_size;
     } else {
       out->arena_held += e.segment.raw_size;
       out->arena_in_use += mnemosyne_mi_arena_in_use(e.segment.start);

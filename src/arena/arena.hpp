@@ -118,10 +118,16 @@ inline std::size_t usable_size(const void* ptr, std::uint8_t tag) noexcept {
   return dedicated_size(ptr);
 }
 
+// A realloc that grows a block to this size or more makes it a growable
+// block: one that later reallocs grow where it stands, as glibc's mremap
+// does (arena.cpp; managed memory from 16 MiB on).
+inline constexpr std::size_t kGrowableMin = (std::size_t{4} << 20) + 1;
+
 // Resizes a block this arena owns (`tag` non-zero, size > 0). Null on failure,
 // the old block then left as it was.
 inline void* realloc(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
-  if (__builtin_expect((tag & kOwnerArena) != 0, 1)) {
+  if (__builtin_expect(
+          (tag & kOwnerArena) != 0 && (size < kGrowableMin || size <= mi_usable_size(ptr)), 1)) {
     void* p = mi_realloc(ptr, size);
     if (__builtin_expect(p != nullptr, 1)) return p;
   }

@@ -94,6 +94,56 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
   return true;
 }
 
+namespace {
+
+// Backs and marks in use [start, start + size) of a reservation of `backend`,
+// from outside mimalloc.
+bool commit_reserved(BackendId backend, void* start, std::size_t size) noexcept {
+  return with_backend(backend, [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      if (!B::back(start, size)) return false;
+      const bool ok = B::commit(start, size);
+      B::back_done(start, size);
+      if (ok) B::start_give_back();
+      return ok;
+    } else {
+      return true;
+    }
+  });
+}
+
+}  // namespace
+
+bool acquire_growable(BackendId backend, std::size_t size, std::size_t capacity, bool reserve,
+                      Segment* out) noexcept {
+  size = round_up(size, page_size());
+  if (size == 0 || capacity < size) return false;
+  Segment seg;
+  if (!acquire_segment(backend, capacity, kSegmentAlign, reserve, &seg)) return false;
+  if (seg.on_demand && !commit_reserved(backend, seg.start, size)) {
+    give_back(seg);
+    return false;
+  }
+  seg.capacity = seg.size;
+  seg.size = size;
+  *out = seg;
+  return true;
+}
+
+bool commit_now(void* start, std::size_t size) noexcept {
+  const std::uint8_t tag = owner_tag(start);
+  if ((tag & kOwnerOnDemand) == 0) return true;
+  return commit_reserved(owner_backend(tag), start, size);
+}
+
+void decommit_now(void* start, std::size_t size) noexcept {
+  const std::uint8_t tag = owner_tag(start);
+  if ((tag & kOwnerOnDemand) == 0) return;
+  with_backend(owner_backend(tag), [&]<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) B::decommit(start, size);
+  });
+}
+
 int commit_range(void* start, std::size_t size, int op) noexcept {
   const std::uint8_t tag = owner_tag(start);
   if (tag == 0) return -1;
@@ -119,6 +169,10 @@ int commit_range(void* start, std::size_t size, int op) noexcept {
 
 bool backend_fresh_zero(BackendId backend) noexcept {
   return with_backend(backend, []<MemoryBackend B>() { return B::fresh_memory_zero(); });
+}
+
+bool backend_backs_where_touched(BackendId backend) noexcept {
+  return with_backend(backend, []<MemoryBackend B>() { return B::data_off_cpu; });
 }
 
 bool backend_commits_on_demand(BackendId backend) noexcept {
@@ -151,7 +205,7 @@ bool discard_memory(BackendId backend, void* ptr, std::size_t size) noexcept {
 }
 
 void release_segment(const Segment& segment) noexcept {
-  owner_map_set(segment.start, segment.size, 0);
+  owner_map_set(segment.start, segment.capacity != 0 ? segment.capacity : segment.size, 0);
   // A free during the teardown of the process (a DLL's detach on Windows,
   // after ExitProcess stopped every other thread, the driver's included,
   // perhaps inside one of its locks): the driver may not be called, and the

@@ -22,6 +22,9 @@ struct Segment {
   BackendId backend = BackendId::none;
   bool fresh_zero = false;  // the backend says fresh memory reads zero
   bool on_demand = false;   // reserved: backed only where committed (commit_range)
+  // A growable block's room (acquire_growable): `size` may grow in place up
+  // to it. 0 for every other segment.
+  std::size_t capacity = 0;
 };
 
 // Acquires at least `size` bytes (rounded up to 32 MiB) aligned to `align`
@@ -32,6 +35,26 @@ struct Segment {
 // cannot describe.
 bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, bool reserve,
                      Segment* out) noexcept;
+
+// A block that may grow in place (a realloc's): `capacity` bytes of room
+// (at least `size`; rounded up to 32 MiB), of which [start, start + size)
+// is in use, `size` rounded up to the page size. With `reserve`, from a
+// backend that commits on demand, a reservation: the room is address space
+// and only the part in use is committed. Otherwise the backend's memory,
+// which had better be backed only where touched (managed memory): the
+// caller asks room only of such backends. False when the backend refused.
+bool acquire_growable(BackendId backend, std::size_t size, std::size_t capacity, bool reserve,
+                      Segment* out) noexcept;
+
+// Commits [start, start + size) of a segment from outside mimalloc, which
+// may call the driver: backs it where it is a reservation, and marks it in
+// use. False when the backend refused (nothing committed then). Memory
+// committed whole needs nothing: true.
+bool commit_now(void* start, std::size_t size) noexcept;
+// Marks [start, start + size) of a reservation unused, as mimalloc's
+// decommit does: the backend gives it back in its own time. Memory
+// committed whole: nothing.
+void decommit_now(void* start, std::size_t size) noexcept;
 
 // mimalloc's commit, decommit and reset (op: MNEMOSYNE_MI_COMMIT, _DECOMMIT,
 // _RESET of mimalloc-live.h) of the page-aligned range [start, start +
@@ -68,6 +91,11 @@ void forget_pending() noexcept;
 
 // Whether memory fresh from `backend` reads zero, as the backend says.
 bool backend_fresh_zero(BackendId backend) noexcept;
+
+// Whether memory `backend` gave is backed only where it is touched (managed
+// memory, which lives where it is used: MemoryBackend's data_off_cpu), so
+// that room nobody touches costs nothing.
+bool backend_backs_where_touched(BackendId backend) noexcept;
 
 // Whether `backend` gives reservations (memory backed, and given back,
 // where mimalloc commits and decommits it).

@@ -30,6 +30,11 @@ class SegmentTable {
   bool remove_locked(const void* start, bool dedicated, Segment* out) noexcept;
   // Size of the dedicated block starting at `start`, 0 when none does.
   std::size_t dedicated_size(const void* start) noexcept;
+  // The dedicated block starting at `start`, in *out; false when none does.
+  bool find_dedicated(const void* start, Segment* out) noexcept;
+  // Sets the size of the growable block starting at `start` (at most its
+  // capacity); false when there is none.
+  bool resize_dedicated(const void* start, std::size_t size) noexcept;
 
   // For fork handling: the caller holds lock() around the iteration.
   SpinLock& lock() noexcept { return lock_; }
@@ -37,6 +42,8 @@ class SegmentTable {
   std::size_t high_water() const noexcept { return high_water_; }
 
  private:
+  Entry* find_dedicated_locked(const void* start) noexcept;
+
   SpinLock lock_;
   Entry entries_[kCapacity];
   std::size_t high_water_ = 0;  // entries_[high_water_..] were never used

@@ -1008,6 +1008,97 @@ TEST(Arena, ReallocKeepsContentsAcrossSegments) {
   });
 }
 
+// A block that realloc grows past 4 MiB grows where it stands from then on,
+// as glibc's mremap grows an mmapped chunk: no copy, and no second block
+// held beside it while it grows (a realloc chain held the old block and
+// the new one at every step: 1.7x the live bytes locked under PIN=vmm). Its
+// room is address space where arenas are reservations (pinned under vmm,
+// host: at least 1 GiB), twice its size in managed memory (backed only
+// where touched). The contents stay, a shrink stays in place, the backend
+// backs the size and not the room, and a forked child that grows it gets
+// a copy with every byte.
+void expect_realloc_grows_in_place(BackendId backend, std::size_t first, std::size_t last) {
+  IN_FRESH_PROCESS({
+    if (backend == BackendId::pinned && under_valgrind()) {
+      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
+      std::exit(0);
+    }
+    arena::Config cfg = config(backend);
+    if (backend == BackendId::pinned) {
+      cfg.pin_granules = true;
+      set_pinned_commit(PinnedCommit::vmm);
+    }
+    ASSERT_TRUE(start_arena(cfg));
+    auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 7 + i / 4096); };
+    auto* p = static_cast<unsigned char*>(arena::alloc(kMiB));
+    ASSERT_NE(p, nullptr);
+    for (std::size_t i = 0; i < kMiB; ++i) p[i] = pattern(i);
+    p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), first));
+    ASSERT_NE(p, nullptr);
+    EXPECT_NE(owner_tag(p) & kOwnerDedicated, 0) << "not a block of its own";
+    for (std::size_t i = kMiB; i < first; ++i) p[i] = pattern(i);
+    unsigned char* const at = p;
+    std::size_t n = first;
+    while (n < last) {
+      const std::size_t grown = std::min(last, n + n / 2);
+      p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), grown));
+      ASSERT_EQ(p, at) << "moved growing from " << n << " to " << grown;
+      EXPECT_GE(arena::usable_size(p, owner_tag(p)), grown);
+      for (std::size_t i = n; i < grown; ++i) p[i] = pattern(i);
+      n = grown;
+    }
+    for (std::size_t i = 0; i < n; i += 4093) ASSERT_EQ(p[i], pattern(i)) << "at " << i;
+    if (backend == BackendId::pinned) {
+      EXPECT_LE(backend_counters(BackendId::pinned).bytes_live.load(), last + 80 * kMiB)
+          << "the room is backed";
+    }
+    // A forked child that grows it again: a copy of its own, every byte.
+    arena::prepare_fork();
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (!arena::child_after_fork()) _exit(10);
+      auto* q = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), last + 64 * kMiB));
+      if (q == nullptr) _exit(11);
+      for (std::size_t i = 0; i < last; i += 4093) {
+        if (q[i] != pattern(i)) _exit(12);
+      }
+      std::memset(q + last, 1, 64 * kMiB);
+      arena::free(q, owner_tag(q));
+      _exit(0);
+    }
+    arena::parent_after_fork();
+    int status = 0;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
+    p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), first));
+    EXPECT_EQ(p, at) << "a shrink moved";
+    for (std::size_t i = 0; i < first; i += 4093) ASSERT_EQ(p[i], pattern(i)) << "at " << i;
+    arena::free(p, owner_tag(p));
+    if (backend != BackendId::host) {
+      const test::Fake* fake = test::loaded_fake();
+      ASSERT_NE(fake, nullptr);
+      EXPECT_EQ(fake->owns(at), 0) << "the block was not given back";
+    }
+    if (::testing::Test::HasFailure()) {  // a death test shows only stderr
+      std::fprintf(stderr, "backend %s: failed, see above\n", backend_name(backend));
+    }
+  });
+}
+
+TEST(Arena, ReallocGrowsInPlaceInPinnedReservations) {
+  expect_realloc_grows_in_place(BackendId::pinned, 8 * kMiB, 600 * kMiB);
+}
+
+TEST(Arena, ReallocGrowsInPlaceInHostReservations) {
+  expect_realloc_grows_in_place(BackendId::host, 8 * kMiB, 600 * kMiB);
+}
+
+TEST(Arena, ReallocGrowsInPlaceInTheRoomOfManagedMemory) {
+  // 20 MiB: a growable managed block (from 16 MiB on), 64 MiB of room.
+  expect_realloc_grows_in_place(BackendId::unified, 20 * kMiB, 60 * kMiB);
+}
+
 TEST(Arena, UnavailableDriverStartsOnHostMemory) {
   IN_FRESH_PROCESS({
     test::set_env("MNEMOSYNE_CUDA_DRIVER", test::kMissingDriverPath);
