@@ -29,15 +29,21 @@ namespace {
 // chunks. What glibc's own heap serves in this process (memory from before
 // our start, from inside driver calls, the host fallback, or everything when
 // the arena is off) is added as glibc reports it.
-struct mallinfo2 heap_info() noexcept {
+// `max`: the most dedicated blocks and bytes of them live at once.
+struct mallinfo2 heap_info(std::size_t max[2] = nullptr) noexcept {
   struct mallinfo2 info;
   std::memset(&info, 0, sizeof info);
   struct mallinfo2 glibc;
   if (linux_host::mallinfo2(&glibc)) info = glibc;
+  if (max != nullptr) max[0] = max[1] = 0;
   if (!arena_mode()) return info;  // a child that lost its heap must not read it
   if (current_mode() == Mode::held) wait_while_held();
   arena::Usage u;
   arena::usage(&u);
+  if (max != nullptr) {
+    max[0] = u.dedicated_max_blocks;
+    max[1] = u.dedicated_max_bytes;
+  }
   const std::size_t in_use = u.arena_in_use < u.arena_held ? u.arena_in_use : u.arena_held;
   info.arena += u.arena_held;
   info.uordblks += in_use;
@@ -85,13 +91,27 @@ __attribute__((visibility("default"))) int mallopt(int, int) noexcept {
   return 1;
 }
 
+// glibc's lines, in its layout (programs and glibc's own tests read them),
+// with the heap's figures: the arenas as its arena 0, dedicated blocks as
+// its mmapped chunks; then one line of mnemosyne's own.
 __attribute__((visibility("default"))) void malloc_stats() noexcept {
-  const struct mallinfo2 info = heap_info();
-  char line[256];
-  const int n =
-      std::snprintf(line, sizeof line, "mnemosyne: backend %s, held %zu bytes, in use %zu bytes\n",
-                    backend_name(arena_mode() ? arena::active_backend() : BackendId::host),
-                    info.arena + info.hblkhd, info.uordblks + info.hblkhd);
+  std::size_t max[2];
+  const struct mallinfo2 info = heap_info(max);
+  char line[512];
+  const int n = std::snprintf(
+      line, sizeof line,
+      "Arena 0:\n"
+      "system bytes     = %10zu\n"
+      "in use bytes     = %10zu\n"
+      "Total (incl. mmap):\n"
+      "system bytes     = %10zu\n"
+      "in use bytes     = %10zu\n"
+      "max mmap regions = %10zu\n"
+      "max mmap bytes   = %10zu\n"
+      "mnemosyne: backend %s, held %zu bytes, in use %zu bytes\n",
+      info.arena, info.uordblks, info.arena + info.hblkhd, info.uordblks + info.hblkhd, max[0],
+      max[1], backend_name(arena_mode() ? arena::active_backend() : BackendId::host),
+      info.arena + info.hblkhd, info.uordblks + info.hblkhd);
   // write() is a cancellation point and glibc's malloc_stats is not: with
   // a cancellation pending the line would be lost and the thread cancelled
   // here. Cancellation is held off around it, as glibc holds it off around

@@ -346,6 +346,21 @@ void* fallback(std::size_t size, std::size_t alignment, bool zero, const char* w
   return p;
 }
 
+// Raises `peak` to `value` if it is less.
+void raise_to(std::atomic<std::uint64_t>& peak, std::uint64_t value) noexcept {
+  std::uint64_t seen = peak.load(std::memory_order_relaxed);
+  while (seen < value && !peak.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// Counts `added` usable bytes more (or fewer) of dedicated blocks.
+void count_dedicated_bytes(std::int64_t added) noexcept {
+  const std::uint64_t now = g_state.dedicated_bytes.fetch_add(static_cast<std::uint64_t>(added),
+                                                              std::memory_order_relaxed) +
+                            static_cast<std::uint64_t>(added);
+  if (added > 0) raise_to(g_state.dedicated_bytes_peak, now);
+}
+
 // Puts a dedicated segment in the table, the ownership map (`entry`) and the
 // counts; false (the segment given back) when the table is full.
 bool add_dedicated(const Segment& seg, std::uint8_t entry) noexcept {
@@ -357,8 +372,10 @@ bool add_dedicated(const Segment& seg, std::uint8_t entry) noexcept {
   if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_add(seg.raw_size);
   g_state.reserved[static_cast<int>(seg.backend)].fetch_add(seg.raw_size,
                                                             std::memory_order_relaxed);
-  g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed);
+  raise_to(g_state.dedicated_peak,
+           g_state.dedicated_live.fetch_add(1, std::memory_order_relaxed) + 1);
   g_state.dedicated_total.fetch_add(1, std::memory_order_relaxed);
+  count_dedicated_bytes(static_cast<std::int64_t>(seg.size));
   return true;
 }
 
@@ -457,6 +474,7 @@ bool realloc_in_place(void* ptr, std::size_t size) noexcept {
     g_state.table.resize_dedicated(ptr, want);
     if (seg.on_demand) decommit_now(start + want, seg.size - want);
   }
+  count_dedicated_bytes(static_cast<std::int64_t>(want) - static_cast<std::int64_t>(seg.size));
   return true;
 }
 
@@ -625,6 +643,7 @@ void free_dedicated(void* ptr) noexcept {
   Segment seg;
   if (!g_state.table.remove(ptr, /*dedicated=*/true, &seg)) return;  // not a block start: ignore
   g_state.dedicated_live.fetch_sub(1, std::memory_order_relaxed);
+  count_dedicated_bytes(-static_cast<std::int64_t>(seg.size));
   if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_sub(seg.raw_size);
   g_state.reserved[static_cast<int>(seg.backend)].fetch_sub(seg.raw_size,
                                                             std::memory_order_relaxed);
@@ -700,6 +719,8 @@ void usage(Usage* out) noexcept {
     }
   }
   hold_backing(false);
+  out->dedicated_max_blocks = g_state.dedicated_peak.load(std::memory_order_relaxed);
+  out->dedicated_max_bytes = g_state.dedicated_bytes_peak.load(std::memory_order_relaxed);
 }
 
 }  // namespace mnemosyne::arena

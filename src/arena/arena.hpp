@@ -190,8 +190,10 @@ struct Usage {
   std::uint64_t arena_held = 0;
   std::uint64_t arena_in_use = 0;
   std::uint64_t dedicated_blocks = 0;
-  std::uint64_t dedicated_in_use = 0;  // their usable bytes
-  std::uint64_t dedicated_held = 0;    // what the backends gave for them
+  std::uint64_t dedicated_in_use = 0;      // their usable bytes
+  std::uint64_t dedicated_held = 0;        // what the backends gave for them
+  std::uint64_t dedicated_max_blocks = 0;  // the most live at once
+  std::uint64_t dedicated_max_bytes = 0;   // the most usable bytes of them at once
 };
 void usage(Usage* out) noexcept;
 

@@ -55,6 +55,12 @@ struct State {
   std::atomic<std::uint64_t> reserved[kBackendCount] = {};
   std::atomic<std::uint64_t> dedicated_live{0};
   std::atomic<std::uint64_t> dedicated_total{0};
+  // The most dedicated blocks, and bytes of them, live at once (glibc's
+  // malloc_stats reports its mmapped chunks' high-water marks), and the
+  // bytes live now.
+  std::atomic<std::uint64_t> dedicated_peak{0};
+  std::atomic<std::uint64_t> dedicated_bytes{0};
+  std::atomic<std::uint64_t> dedicated_bytes_peak{0};
   std::atomic<std::uint64_t> host_fallbacks{0};
   std::atomic<std::uint64_t> driver_allocations{0};
   std::atomic<std::uint64_t> grow_waits_timed_out{0};

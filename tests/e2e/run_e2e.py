@@ -811,6 +811,12 @@ def case_promises(tmp, backend):
            f"glibc's malloc_stats with a cancellation pending: {base.stdout!r}")
     expect(b"mnemosyne: backend " in mine.stderr,
            f"malloc_stats printed nothing with a cancellation pending: {mine.stderr!r}")
+    # glibc's layout, which programs (and glibc's tst-malloc-stats-cancellation,
+    # which looks for "max mmap bytes") read, then mnemosyne's own line.
+    for label in (b"Arena 0:\n", b"\nsystem bytes     = ", b"\nin use bytes     = ",
+                  b"Total (incl. mmap):\n", b"\nmax mmap regions = ", b"\nmax mmap bytes   = "):
+        expect(label in base.stderr and label in mine.stderr,
+               f"malloc_stats lacks glibc's {label!r}: glibc {base.stderr!r}, mine {mine.stderr!r}")
     for headroom in ("1", "16", "256"):
         run = Run(tmp, backend, True)
         r = run([PROMISE_PROBE, "fork-limit", headroom])
