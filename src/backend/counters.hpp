@@ -33,6 +33,7 @@ struct BackendCounters {
   std::atomic<std::uint64_t> deallocations{0};            // successful deallocate()
   std::atomic<std::uint64_t> bytes_allocated{0};          // sum of sizes allocated
   std::atomic<std::uint64_t> bytes_live{0};               // allocated - deallocated
+  std::atomic<std::uint64_t> bytes_live_peak{0};          // the most bytes_live has been
   std::atomic<std::uint64_t> driver_calls{0};             // every driver (or mmap) call
   std::atomic<std::uint64_t> driver_failures{0};          // calls that returned an error
   std::atomic<std::uint64_t> advice_failures{0};          // cuMemAdvise errors (device tiers)
@@ -47,11 +48,19 @@ struct BackendCounters {
   std::atomic<int> last_failure_result{0};
   std::atomic<std::uint64_t> last_failure_size{0};
 
+  // `size` bytes more live, and their high-water mark.
+  void add_live(std::uint64_t size) noexcept {
+    const std::uint64_t now = bytes_live.fetch_add(size, std::memory_order_relaxed) + size;
+    std::uint64_t peak = bytes_live_peak.load(std::memory_order_relaxed);
+    while (now > peak &&
+           !bytes_live_peak.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
   // A block of `size` bytes handed out / given back.
   void allocated(std::uint64_t size) noexcept {
     count_event(allocations);
     count_event(bytes_allocated, size);
-    count_event(bytes_live, size);
+    add_live(size);
   }
   void failed(FailureStep step, int result, std::uint64_t size) noexcept {
     last_failure_step.store(step, std::memory_order_relaxed);

@@ -292,7 +292,7 @@ bool driver_back(Reservation& r, std::uintptr_t start, std::size_t size, bool lo
   count_event(c.driver_ns, detail::monotonic_ns() - t0);
   if (ok && lock) {
     count_event(c.bytes_allocated, size);
-    count_event(c.bytes_live, size);
+    c.add_live(size);
     g_backed_bytes.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
   } else if (ok) {
     c.bytes_live.fetch_sub(size, std::memory_order_relaxed);

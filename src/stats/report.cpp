@@ -69,6 +69,7 @@ Snapshot take_snapshot(const ReportContext& ctx) noexcept {
            c.allocations.load(std::memory_order_relaxed),
            a.bytes_reserved[i],
            c.bytes_live.load(std::memory_order_relaxed),
+           c.bytes_live_peak.load(std::memory_order_relaxed),
            c.driver_calls.load(std::memory_order_relaxed),
            c.driver_failures.load(std::memory_order_relaxed),
            static_cast<double>(c.driver_ns.load(std::memory_order_relaxed)) / 1e6,
@@ -87,7 +88,7 @@ Snapshot take_snapshot(const ReportContext& ctx) noexcept {
     snap.earlier.bytes += static_cast<std::uint64_t>(-system.bytes_live);
     system.bytes_live = 0;
   }
-  pools[n++] = Pool{"system", system, 0, 0, 0, 0, 0, 0.0, 0};
+  pools[n++] = Pool{"system", system, 0, 0, 0, 0, 0, 0, 0.0, 0};
   snap.count = n;
   return snap;
 }
@@ -125,9 +126,11 @@ std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* bu
           static_cast<unsigned long long>(p.counts.bytes_requested),
           static_cast<long long>(p.counts.bytes_live),
           static_cast<unsigned long long>(p.counts.bytes_peak));
-    w.put("      \"segments\": %llu, \"bytes_reserved\": %llu, \"bytes_backed\": %llu,\n",
-          static_cast<unsigned long long>(p.segments), static_cast<unsigned long long>(p.reserved),
-          static_cast<unsigned long long>(p.backed));
+    w.put(
+        "      \"segments\": %llu, \"bytes_reserved\": %llu, \"bytes_backed\": %llu, "
+        "\"bytes_backed_peak\": %llu,\n",
+        static_cast<unsigned long long>(p.segments), static_cast<unsigned long long>(p.reserved),
+        static_cast<unsigned long long>(p.backed), static_cast<unsigned long long>(p.backed_peak));
     w.put("      \"driver_calls\": %llu, \"driver_failures\": %llu, \"driver_ms\": %.3f,\n",
           static_cast<unsigned long long>(p.driver_calls),
           static_cast<unsigned long long>(p.driver_failures), p.driver_ms);

@@ -33,7 +33,8 @@ struct Pool {
   PoolTotals counts;
   std::uint64_t segments;
   std::uint64_t reserved;
-  std::uint64_t backed;  // the backend's memory held now (registered, allocated)
+  std::uint64_t backed;       // the backend's memory held now (registered, allocated)
+  std::uint64_t backed_peak;  // the most of it held at once
   std::uint64_t driver_calls;
   std::uint64_t driver_failures;
   double driver_ms;

@@ -1352,7 +1352,8 @@ def case_local_rank(tmp, backend):
 
 
 STATS_KEYS = {"allocations", "frees", "bytes_requested", "bytes_live", "bytes_peak", "segments",
-              "bytes_reserved", "bytes_backed", "driver_calls", "driver_failures", "driver_ms",
+              "bytes_reserved", "bytes_backed", "bytes_backed_peak", "driver_calls",
+              "driver_failures", "driver_ms",
               "advice_failures"}
 
 
