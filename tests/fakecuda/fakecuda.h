@@ -74,6 +74,7 @@ struct fakecuda_counters {
   uint64_t vmm_unmap_calls;     /* successful cuMemUnmap */
   uint64_t vmm_bytes;           /* bytes of cuMemCreate handles alive now (state, not reset;
                                    in live_bytes too) */
+  uint64_t peak_live_bytes;     /* the most live_bytes has been (reset: to live_bytes now) */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

@@ -502,6 +502,7 @@ FAKECUDA_API void fakecuda_reset_counters(void) {
                   &c.discard_calls,     &c.discard_bytes,   &c.vmm_map_calls,
                   &c.vmm_unmap_calls})
     a->store(0);
+  c.peak_live_bytes.store(c.live_bytes.load());
   c.advise_last_device.store(-1);
   c.advise_last_advice.store(-1);
   c.advise_last_loc_type.store(-1);
@@ -543,4 +544,5 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->vmm_map_calls = c.vmm_map_calls.load();
   out->vmm_unmap_calls = c.vmm_unmap_calls.load();
   out->vmm_bytes = c.vmm_bytes.load();
+  out->peak_live_bytes = c.peak_live_bytes.load();
 }

@@ -69,8 +69,18 @@ struct Counters {
   std::atomic<std::uint64_t> vmm_map_calls{0};
   std::atomic<std::uint64_t> vmm_unmap_calls{0};
   std::atomic<std::uint64_t> vmm_bytes{0};
+  std::atomic<std::uint64_t> peak_live_bytes{0};
 };
 extern Counters g_counters;
+
+// Counts `size` more live bytes (managed, pinned, registered or vmm), and
+// the high-water mark of them.
+inline void add_live_bytes(std::uint64_t size) noexcept {
+  const std::uint64_t now = g_counters.live_bytes.fetch_add(size) + size;
+  std::uint64_t peak = g_counters.peak_live_bytes.load();
+  while (now > peak && !g_counters.peak_live_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
 
 // Configuration read from the environment by the first successful cuInit
 // (and by every failing one before it). Stable once g_initialized is set.

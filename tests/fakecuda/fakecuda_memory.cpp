@@ -228,7 +228,7 @@ CUresult allocate(int kind, std::size_t size, unsigned flags, const Ctx* ctx, vo
     os::unmap(p, len);
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
-  g_counters.live_bytes.fetch_add(size);
+  add_live_bytes(size);
   *out = p;
   return CUDA_SUCCESS;
 }
@@ -457,7 +457,7 @@ FAKECUDA_API CUresult cuMemHostRegister_v2(void* p, size_t bytesize, unsigned in
         for (std::size_t off = 0; off < bytesize; off += page_size()) {
           static_cast<volatile char*>(p)[off] = static_cast<volatile char*>(p)[off];
         }
-        g_counters.live_bytes.fetch_add(bytesize);
+        add_live_bytes(bytesize);
         g_counters.registered_bytes.fetch_add(bytesize);
       }
     }

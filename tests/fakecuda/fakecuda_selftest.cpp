@@ -494,6 +494,8 @@ Blocks check_memory(Api& a) {
   for (CUdeviceptr p : ptrs) CHECK_RC(a.cuMemFree(p), CUDA_SUCCESS);
   CHECK(a.counters().free_managed == before.free_managed + 24);
   CHECK(a.counters().live_bytes == before.live_bytes);
+  // The high-water mark saw all 24 at once (8 of 40 MiB, 16 small ones).
+  CHECK(a.counters().peak_live_bytes >= before.live_bytes + 8 * 40 * kMiB);
 
   CHECK_RC(a.cuMemAllocManaged(&out.managed, 3 * kMiB, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
   const CUdeviceptr m = out.managed;

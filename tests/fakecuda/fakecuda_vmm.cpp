@@ -206,7 +206,7 @@ FAKECUDA_API CUresult cuMemCreate(CUmemGenericAllocationHandle* handle, size_t s
     } else {
       *a = Allocation{kHandleMagic, memory, size, 0, false, g_allocations};
       g_allocations = a;
-      g_counters.live_bytes.fetch_add(size);
+      add_live_bytes(size);
       g_counters.vmm_bytes.fetch_add(size);
     }
   }
