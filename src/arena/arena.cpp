@@ -419,10 +419,10 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
 // kGrowableMin or more), with room to grow in place (realloc_in_place), as
 // glibc's mremap grows its mmapped chunks without a copy. Null when the
 // backend has no room to give that costs nothing until used, or refused:
-// the caller allocates as usual. Room costs nothing where arenas are
-// reservations (address space: 4 times the size, at least 1 GiB) and in
-// managed memory (backed where touched: twice the size); pinned arenas
-// locked whole would lock it, and get none.
+// the caller allocates as usual. Room (4 times the size, at least 1 GiB)
+// costs nothing where arenas are reservations (address space) and in
+// managed memory (backed where touched); pinned arenas locked whole would
+// lock it, and get none.
 void* alloc_growable(std::size_t size) noexcept {
   if (g_state.exhausted.load(std::memory_order_acquire) || g_state.forked_child) return nullptr;
   const BackendId backend = g_state.backend.load(std::memory_order_relaxed);
@@ -433,9 +433,13 @@ void* alloc_growable(std::size_t size) noexcept {
     return nullptr;
   }
   constexpr std::size_t kMaxRoom = std::size_t{256} << 30;
+  // Managed room is address space too, but the driver keeps a range for it:
+  // at most 16 GiB more than the block.
+  constexpr std::size_t kMaxManagedRoom = std::size_t{16} << 30;
   const std::size_t need = round_up(size, kSegmentAlign);
   if (need < size || need > kMaxRoom) return nullptr;
-  std::size_t room = reserve ? std::max(need * 4, std::size_t{1} << 30) : need * 2;
+  std::size_t room = std::max(need * 4, std::size_t{1} << 30);
+  if (!reserve) room = std::min(room, need + kMaxManagedRoom);
   room = std::min(room, need + kMaxRoom);
   // Less room where the limit or the backend would not give that much.
   while (room > need && !within_limit(backend, room + kSegmentAlign)) {
@@ -654,6 +658,24 @@ std::size_t dedicated_size(const void* ptr) noexcept {
   return g_state.table.dedicated_size(ptr);
 }
 
+// Copies `size` bytes of the block at `src` (owner tag `src_tag`), about to
+// be freed, to `dst`. A dedicated block of managed memory is discarded part
+// by part as it is copied (what a part held is gone; the block is freed
+// next), so that a growing block that moves is not resident twice: the
+// move of a 1 GiB block held 2 GiB at once.
+void move_contents(void* dst, void* src, std::uint8_t src_tag, std::size_t size) noexcept {
+  constexpr std::size_t kPart = std::size_t{64} << 20;
+  const BackendId backend = owner_backend(src_tag);
+  bool discard = (src_tag & kOwnerDedicated) != 0 && backend_backs_where_touched(backend);
+  auto* to = static_cast<unsigned char*>(dst);
+  auto* from = static_cast<unsigned char*>(src);
+  for (std::size_t off = 0; off < size; off += kPart) {
+    const std::size_t n = std::min(kPart, size - off);
+    std::memcpy(to + off, from + off, n);
+    if (discard && n == kPart) discard = discard_memory(backend, from + off, n);
+  }
+}
+
 void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   const std::size_t old_size = usable_size(ptr, tag);
   if ((tag & kOwnerDedicated) != 0) {
@@ -663,7 +685,7 @@ void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   void* p = size > old_size && size >= kGrowableMin ? alloc_growable(size) : nullptr;
   if (p == nullptr) p = alloc(size);
   if (p == nullptr) return nullptr;
-  std::memcpy(p, ptr, std::min(old_size, size));
+  move_contents(p, ptr, tag, std::min(old_size, size));
   free(ptr, tag);
   return p;
 }

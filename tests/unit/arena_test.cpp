@@ -1012,11 +1012,11 @@ TEST(Arena, ReallocKeepsContentsAcrossSegments) {
 // as glibc's mremap grows an mmapped chunk: no copy, and no second block
 // held beside it while it grows (a realloc chain held the old block and
 // the new one at every step: 1.7x the live bytes locked under PIN=vmm). Its
-// room is address space where arenas are reservations (pinned under vmm,
-// host: at least 1 GiB), twice its size in managed memory (backed only
-// where touched). The contents stay, a shrink stays in place, the backend
-// backs the size and not the room, and a forked child that grows it gets
-// a copy with every byte.
+// room (4 times its size, at least 1 GiB) is address space where arenas
+// are reservations (pinned under vmm, host) and managed memory backed only
+// where touched. The contents stay, a shrink stays in place, the backend
+// backs the size and not the room, and a forked child that grows it gets a
+// copy with every byte.
 void expect_realloc_grows_in_place(BackendId backend, std::size_t first, std::size_t last) {
   IN_FRESH_PROCESS({
     if (backend == BackendId::pinned && under_valgrind()) {
@@ -1095,8 +1095,35 @@ TEST(Arena, ReallocGrowsInPlaceInHostReservations) {
 }
 
 TEST(Arena, ReallocGrowsInPlaceInTheRoomOfManagedMemory) {
-  // 20 MiB: a growable managed block (from 16 MiB on), 64 MiB of room.
+  // 20 MiB: a growable managed block (from 16 MiB on).
   expect_realloc_grows_in_place(BackendId::unified, 20 * kMiB, 60 * kMiB);
+}
+
+// A dedicated block of managed memory that a realloc moves (a huge malloc'd
+// block grown, or a growable one outgrowing its room) is discarded part by
+// part as it is copied, so that it is not resident twice while it moves;
+// the copy has every byte.
+TEST(Arena, AManagedBlockThatMovesIsNotResidentTwice) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    constexpr std::size_t kSize = 200 * kMiB;
+    auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
+    ASSERT_NE(p, nullptr);
+    ASSERT_NE(owner_tag(p) & kOwnerDedicated, 0);
+    for (std::size_t i = 0; i < kSize; i += 512) p[i] = static_cast<unsigned char>(i / 512);
+    const std::uint64_t discarded = fake->counters().discard_bytes;
+    auto* q = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), 300 * kMiB));
+    ASSERT_NE(q, nullptr);
+    EXPECT_NE(q, p);
+    for (std::size_t i = 0; i < kSize; i += 512) {
+      ASSERT_EQ(q[i], static_cast<unsigned char>(i / 512)) << "at " << i;
+    }
+    // Every whole 64 MiB part of the old block, as it was copied.
+    EXPECT_GE(fake->counters().discard_bytes - discarded, 192 * kMiB);
+    arena::free(q, owner_tag(q));
+  });
 }
 
 TEST(Arena, UnavailableDriverStartsOnHostMemory) {
