@@ -196,6 +196,7 @@ namespace {
 // mimalloc's generic path (a page to refill, a large block), then the
 // count; the arena's growth and any failure as in Mode::arena.
 [[gnu::noinline]] void* counted_malloc_generic(std::size_t size) noexcept {
+  if (arena::is_dedicated_request(size)) return malloc_other(size);
   const mnemosyne_mi_sized_t block = mnemosyne_mi_malloc_generic_sized(size);
   if (__builtin_expect(block.p == nullptr, 0)) return malloc_other(size);
   stats::count_alloc(pool_of_tag(owner_tag(block.p)), size, block.usable);
@@ -205,6 +206,7 @@ namespace {
 // Mode::arena, what mimalloc's fast case left: its generic path (a page to
 // refill, a large block), then the arena's growth.
 [[gnu::noinline]] void* arena_malloc_generic(std::size_t size) noexcept {
+  if (arena::is_dedicated_request(size)) return malloc_other(size);
   void* p = mnemosyne_mi_malloc_generic(size);
   if (__builtin_expect(p != nullptr, 1)) return p;
   return malloc_other(size);

@@ -572,9 +572,13 @@ BackendId active_backend() noexcept {
 }
 
 void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
-  // A size no allocator serves (glibc refuses any above PTRDIFF_MAX): no
-  // reason to build, no growth, no fallback to try. The caller sets ENOMEM.
-  if (size > static_cast<std::size_t>(PTRDIFF_MAX) - alignment) return nullptr;
+  // A size no allocator serves: glibc refuses any above PTRDIFF_MAX, and no
+  // mapping is larger than the address space a process is given without
+  // asking (x86-64: 2^47 bytes; the kernel maps above only for a hint
+  // above). No reason to build, no growth, no fallback to try, no system
+  // call: the caller sets ENOMEM, at less than glibc's cost.
+  constexpr std::size_t kAddressSpace = std::size_t{1} << kAddressBits;
+  if (size >= kAddressSpace - alignment) return nullptr;
   const int saved_errno = errno;
   // The driver is calling malloc (inside a call of ours, or on a thread it
   // started during one): asking it for memory now could deadlock.
@@ -641,6 +645,10 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   if (p == nullptr) p = fallback(size, alignment, zero, why);
   if (p != nullptr) errno = saved_errno;
   return p;
+}
+
+std::size_t dedicated_threshold() noexcept {
+  return g_state.dedicated_threshold.load(std::memory_order_relaxed);
 }
 
 void free_dedicated(void* ptr) noexcept {

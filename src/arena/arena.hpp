@@ -78,16 +78,29 @@ inline constexpr std::size_t kMaxArenaAlign = std::size_t{16} << 20;  // MI_ALIG
 
 void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept;
 void free_dedicated(void* ptr) noexcept;
+
+// Requests at least this large get a segment of their own (alloc_slow);
+// 16 MiB or more, 1 GiB at most.
+std::size_t dedicated_threshold() noexcept;
+// Whether a request of `size` bytes never comes from mimalloc: it is not
+// asked, as it would fail, and a mimalloc that fails collects its whole
+// heap first (a program making requests no allocator can serve freed and
+// faulted back a page for each: 196,000 page faults where glibc took 200).
+inline bool is_dedicated_request(std::size_t size) noexcept {
+  return __builtin_expect(size >= (std::size_t{16} << 20), 0) && size >= dedicated_threshold();
+}
 std::size_t dedicated_size(const void* ptr) noexcept;
 void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept;
 
 inline void* alloc(std::size_t size) noexcept {
+  if (is_dedicated_request(size)) return alloc_slow(size, 0, false);
   void* p = mi_malloc(size);
   if (__builtin_expect(p != nullptr, 1)) return p;
   return alloc_slow(size, 0, false);
 }
 
 inline void* alloc_zeroed(std::size_t size) noexcept {
+  if (is_dedicated_request(size)) return alloc_slow(size, 0, true);
   void* p = mi_zalloc(size);
   if (__builtin_expect(p != nullptr, 1)) return p;
   return alloc_slow(size, 0, true);
@@ -97,7 +110,7 @@ inline void* alloc_zeroed(std::size_t size) noexcept {
 // latter returns under-aligned blocks (a 512-byte alignas(256) object came
 // back 128-aligned; upstream issues #700, #602).
 inline void* alloc_aligned(std::size_t size, std::size_t alignment) noexcept {
-  if (alignment <= kMaxArenaAlign) {
+  if (alignment <= kMaxArenaAlign && !is_dedicated_request(size)) {
     void* p = mi_malloc_aligned_at(size, alignment, 0);
     if (__builtin_expect(p != nullptr, 1)) return p;
   }

@@ -9,6 +9,10 @@
 //                              cancellation point instead
 //   promise_probe impossible   malloc/calloc/realloc/memalign of sizes no
 //                              allocator serves: NULL and ENOMEM each time
+//   promise_probe too-large    the same in glibc's tst-malloc-too-large's
+//                              shape (a small malloc and free before each,
+//                              nothing else alive): the count on stdout, the
+//                              minor page faults the loop took on stderr
 //   promise_probe calloc       calloc of sizes from 1 byte to 128 MiB, each
 //                              checked zero, then dirtied and freed, twice
 //                              over: fresh memory and reused memory alike
@@ -51,6 +55,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 
 namespace {
 
@@ -164,6 +169,40 @@ int mode_impossible() {
     (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
   }
   std::printf("impossible sizes: %d refused with ENOMEM, %d otherwise\n", refused, wrong);
+  return wrong == 0 ? 0 : 1;
+}
+
+// glibc's tst-malloc-too-large's shape: sizes from 2^50 up, each request
+// after a small malloc and free, with no other small block alive (stdout
+// unbuffered), as that test runs. Prints the count on stdout, and on stderr
+// the minor page faults the loop took: a failed request that made the
+// allocator free its one page and fault it back took 16 each.
+int mode_too_large() {
+  std::setvbuf(stdout, nullptr, _IONBF, 0);
+  struct rusage before;
+  getrusage(RUSAGE_SELF, &before);
+  int refused = 0;
+  int wrong = 0;
+  for (std::size_t msbs = 1; msbs < 4096; ++msbs) {
+    for (const std::size_t size : {msbs << 50, (msbs << 50) | ((std::size_t{1} << 50) - 1)}) {
+      for (int call = 0; call < 4; ++call) {
+        void* volatile small = std::malloc(16);
+        std::free(small);
+        void* keep = call == 3 ? std::malloc(16) : nullptr;
+        errno = 0;
+        void* p = call == 0   ? std::malloc(opaque(size))
+                  : call == 1 ? std::calloc(1, opaque(size))
+                  : call == 2 ? memalign(64, opaque(size))
+                              : g_realloc(keep, opaque(size));
+        (p == nullptr && errno == ENOMEM) ? ++refused : ++wrong;
+        std::free(keep);
+      }
+    }
+  }
+  struct rusage after;
+  getrusage(RUSAGE_SELF, &after);
+  std::printf("too-large sizes: %d refused with ENOMEM, %d otherwise\n", refused, wrong);
+  std::fprintf(stderr, "faults=%ld\n", after.ru_minflt - before.ru_minflt);
   return wrong == 0 ? 0 : 1;
 }
 
@@ -516,6 +555,7 @@ int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "align") == 0) return mode_align();
   if (argc >= 2 && std::strcmp(argv[1], "stats-cancel") == 0) return mode_stats_cancel();
   if (argc >= 2 && std::strcmp(argv[1], "impossible") == 0) return mode_impossible();
+  if (argc >= 2 && std::strcmp(argv[1], "too-large") == 0) return mode_too_large();
   if (argc >= 2 && std::strcmp(argv[1], "mallinfo") == 0) return mode_mallinfo();
   if (argc >= 2 && std::strcmp(argv[1], "calloc") == 0) return mode_calloc();
   if (argc >= 3 && std::strcmp(argv[1], "calloc-big") == 0) {
@@ -529,7 +569,8 @@ int main(int argc, char** argv) {
   }
   if (argc >= 3 && std::strcmp(argv[1], "stats-live") == 0) return mode_stats_live(argv[2]);
   std::fprintf(stderr,
-               "usage: promise_probe align|stats-cancel|impossible|calloc|calloc-big MiB|mallinfo|"
+               "usage: promise_probe align|stats-cancel|impossible|too-large|calloc|calloc-big MiB|"
+               "mallinfo|"
                "phases KiB N|fork-limit MiB|stats-live POOL\n");
   return 2;
 }
