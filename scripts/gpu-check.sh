@@ -536,13 +536,52 @@ else
   say '```'
 fi
 say ""
-# ---------------------------------------------------------------- 9. the e2e suite
+# ---------------------------------------------------------------- 9. the growth corpus
+# tests/e2e/run_growth.py with E2E_REAL_DRIVER=1: the growth patterns the
+# test suite checks over the double (issue 35), on this driver. Pinned
+# memory at the peak is mnemosyne's own count (bytes_backed_peak: over the
+# double it equals the driver's); after the quiet phase the larger of that
+# count and the kernel's locked and pinned pages (VmLck + VmPin), where the
+# driver accounts them there. Managed memory is what is resident. In what
+# is left of GPU_CHECK_GROWTH_SECONDS (120).
+say "## 9. Growth patterns on this driver"
+say ""
+growth_probe=$(find_bin growth_probe tests/e2e/growth_probe)
+growth_budget=${GPU_CHECK_GROWTH_SECONDS:-120}
+if [ -z "$growth_probe" ] || [ -z "$python" ]; then
+  say "Skipped: no growth_probe (carry build/ or give --prebuilt BUILD_DIR) or no python3."
+else
+  say "tests/e2e/run_growth.py: the backend's memory at the peak (at most 1.25 x the live bytes + 2 MiB"
+  say "a thread) and after 3 s of quiet (at most live + 64 MiB); cells start while ${growth_budget} s last."
+  say ""
+  say "| pattern | mode | result |"
+  say "|---|---|---|"
+  growth_start=$(date +%s)
+  for pattern in concat realloc threads burst small python-concat vector temp-huge scatter; do
+    for mode in vmm unified arena; do
+      if [ $(( $(date +%s) - growth_start )) -ge "$growth_budget" ]; then
+        say "| $pattern | $mode | not run: the step's ${growth_budget} s were spent |"
+        continue
+      fi
+      status=$(run_step "growth-$pattern-$mode" 90 none env E2E_REAL_DRIVER=1 MNEMOSYNE_LIB="$lib" \
+        FAKECUDA_LIB="$driver" GROWTH_PROBE="$growth_probe" \
+        "$python" "$root/tests/e2e/run_growth.py" "$pattern" "$mode")
+      result=$(grep -m1 '^growth \[' "$logs/growth-$pattern-$mode.log" | sed 's/^growth \[[^]]*\]: //')
+      problems=$(grep -c '^FAIL' "$logs/growth-$pattern-$mode.log")
+      [ "$problems" = 0 ] || result="$result; $(grep -m1 '^FAIL' "$logs/growth-$pattern-$mode.log" | cut -c1-160)"
+      say "| $pattern | $mode | ${result:-no figures} ($status) |"
+    done
+  done
+fi
+say ""
+
+# ---------------------------------------------------------------- 10. the e2e suite
 # Last, in what is left of the run's time: tests/e2e/run_e2e.py with
 # E2E_REAL_DRIVER=1, unmodified programs under each backend, output identical
 # to their plain runs, the heap checked through each process's statistics.
 # It needs a build tree (its probes). Each row is written when its case ends,
 # so a run cut short still reports what it did.
-say "## 9. The end-to-end suite on this driver"
+say "## 10. The end-to-end suite on this driver"
 say ""
 tree=""
 for dir in "$prebuilt" "$root/build"; do

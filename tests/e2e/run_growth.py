@@ -184,6 +184,8 @@ def run(pattern, mode, tmp):
         # what it holds, and the kernel's of locked and pinned pages.
         figures["backend_peak"] = stats_end["bytes_backed_peak"]
         figures["backend_end"] = max(stats_end["bytes_backed"], end["VmLck"] + end["VmPin"])
+        figures["kernel_locked"] = (end["VmLck"] + end["VmPin"], points["peak"]["VmLck"] +
+                                    points["peak"]["VmPin"])
     else:
         figures["backend_peak"] = end["fake_peak"]
         figures["backend_end"] = end["fake_live"]
@@ -217,9 +219,13 @@ def check(pattern, mode, f):
 
 
 def describe(pattern, mode, f):
-    return (f"growth [{pattern}, {mode}]: peak {f['backend_peak'] >> 20} MiB for "
+    text = (f"growth [{pattern}, {mode}]: peak {f['backend_peak'] >> 20} MiB for "
             f"{f['live_peak'] >> 20} MiB live ({f['backend_peak'] / max(f['live_peak'], 1):.2f}x), "
             f"after the quiet phase {f['backend_end'] >> 20} MiB for {f['live_end'] >> 20} MiB live")
+    if "kernel_locked" in f:
+        end, peak = f["kernel_locked"]
+        text += f"; VmLck + VmPin {peak >> 20} MiB at the peak, {end >> 20} MiB after"
+    return text
 
 
 def main():

@@ -45,13 +45,14 @@ try:
                        text=True, timeout=500,
                        env=clean_env(MNEMOSYNE_CUDA_DRIVER=os.environ["FAKECUDA_LIB"],
                                      GPU_CHECK_E2E_SECONDS="5",
+                                     GPU_CHECK_GROWTH_SECONDS="10",
                                      GPU_CHECK_PHASE_MIB=str(PHASE_MIB)))
     expect(r.returncode == 0, "the script finishes against the double", r.stderr[-500:])
     with open(os.path.join(report_dir, "report.md")) as f:
         report = f.read()
     expect(flat in report, "it used the --prebuilt binaries", report[:400])
     # The e2e step needs a build tree: the flat folder has none, build/ may.
-    if "## 9. The end-to-end suite" in report and "Skipped: no build tree" not in report:
+    if "## 10. The end-to-end suite" in report and "Skipped: no build tree" not in report:
         expect("| probe | unified | PASS probe [unified] |" in report,
                "the e2e suite ran in its real-driver mode", report[:1500])
     for row, what in [
@@ -151,6 +152,13 @@ try:
                "the demo: a kernel adds 7 to a NumPy array in place", demo)
         expect("without mnemosyne: exit 1\ndriver: the kernel did not run on NumPy memory" in demo
                and "CUDA_ERROR_ILLEGAL_ADDRESS" in demo, "the demo faults without mnemosyne", demo)
+    # The growth patterns' rows (run_growth.py's real-driver mode): a cell or
+    # two in the few seconds given here, when a build tree has the probe.
+    growth = report.split("## 9. Growth patterns", 1)[-1].split("\n## ", 1)[0]
+    if "Skipped" not in growth:
+        expect(re.search(r"\| concat \| vmm \| peak \d+ MiB for \d+ MiB live \([0-9.]+x\), after the "
+                         r"quiet phase \d+ MiB for \d+ MiB live[^|]* \(exit 0\) \|", growth),
+               "the growth corpus runs on the driver", growth)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 
