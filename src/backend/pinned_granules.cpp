@@ -365,19 +365,24 @@ void drop_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
   if ((before & bits) != 0) note_if_unused(after);
 }
 
+// Waits while granule word `w` (read into *s) is busy: another thread backs
+// or gives back the granule. False when this thread is inside the driver
+// call that backs it (the driver calls malloc: that request goes to the
+// host heap).
+bool wait_not_busy(const std::atomic<Word>& w, Word* s) noexcept {
+  for (std::size_t spins = 0; (*s & kBusy) != 0; *s = w.load(std::memory_order_acquire)) {
+    if (in_driver_call()) return false;
+    Os::pause(spins++);
+  }
+  return true;
+}
+
 // Marks `bits` of granule g committed (none: only in use, no longer idle);
 // false when it is not backed. Never calls the driver.
 bool add_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
   std::atomic<Word>& w = word(r, g);
-  Word s = w.load(std::memory_order_acquire);
-  for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
-    if ((s & kBusy) != 0) {
-      // The driver, backing this granule for this thread, calls malloc:
-      // that request goes to the host heap.
-      if (in_driver_call()) return false;
-      Os::pause(spins++);
-      continue;
-    }
+  for (Word s = w.load(std::memory_order_acquire);; s = w.load(std::memory_order_acquire)) {
+    if (!wait_not_busy(w, &s)) return false;
     // A forked child (no driver) has its own copy of the memory: using it
     // needs no driver.
     if ((s & kBacked) == 0 && driver_api() != nullptr) return false;
@@ -396,13 +401,8 @@ bool add_bits(Reservation& r, std::uintptr_t g, Word bits) noexcept {
 // committed chunks, needs no mark).
 bool back_granule(Reservation& r, std::uintptr_t g) noexcept {
   std::atomic<Word>& w = word(r, g);
-  Word s = w.load(std::memory_order_acquire);
-  for (std::size_t spins = 0;; s = w.load(std::memory_order_acquire)) {
-    if ((s & kBusy) != 0) {
-      if (in_driver_call()) return false;
-      Os::pause(spins++);
-      continue;
-    }
+  for (Word s = w.load(std::memory_order_acquire);; s = w.load(std::memory_order_acquire)) {
+    if (!wait_not_busy(w, &s)) return false;
     if ((s & kBacked) != 0) {
       const Word now = (s & ~kIdle) | ((s & kChunkBits) == 0 ? kFresh : 0);
       if (!w.compare_exchange_weak(s, now, std::memory_order_acq_rel)) continue;

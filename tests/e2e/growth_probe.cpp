@@ -191,35 +191,43 @@ void temp_huge(int quiet_ms) {
   give(x);
 }
 
-void threads_growing(int quiet_ms) {
-  constexpr int kThreads = 8;
+// Runs `body(peak)` on `count` threads, then the quiet phase: each thread
+// calls peak() when it holds the most it will, and the last one to do so
+// reports the peak while the others wait for it.
+template <class Body>
+void on_threads(int count, int quiet_ms, Body body) {
   std::vector<std::thread> threads;
-  std::atomic<int> at_peak{0};
+  std::atomic<int> arrived{0};
   std::atomic<bool> measured{false};
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&] {
-      std::vector<void*> small;
-      for (int i = 0; i < 4096; ++i) small.push_back(take(1024));
-      for (int round = 0; round < 4; ++round) {
-        std::size_t n = 4096;
-        void* p = grow(nullptr, 0, n);
-        while (n < 32 * kMiB) {
-          p = grow(p, n, n * 2);
-          n *= 2;
-        }
-        if (round == 3 && ++at_peak == kThreads) {
-          point("peak");
-          measured = true;
-        }
-        while (round == 3 && !measured) quiet(1);
-        give(p);
-      }
-      for (void* p : small) give(p);
-    });
-  }
+  auto peak = [&] {
+    if (++arrived == count) {
+      point("peak");
+      measured = true;
+    }
+    while (!measured) quiet(1);
+  };
+  for (int t = 0; t < count; ++t) threads.emplace_back([&] { body(peak); });
   for (auto& t : threads) t.join();
   quiet(quiet_ms);
   point("end");
+}
+
+void threads_growing(int quiet_ms) {
+  on_threads(8, quiet_ms, [](auto peak) {
+    std::vector<void*> small;
+    for (int i = 0; i < 4096; ++i) small.push_back(take(1024));
+    for (int round = 0; round < 4; ++round) {
+      std::size_t n = 4096;
+      void* p = grow(nullptr, 0, n);
+      while (n < 32 * kMiB) {
+        p = grow(p, n, n * 2);
+        n *= 2;
+      }
+      if (round == 3) peak();
+      give(p);
+    }
+    for (void* p : small) give(p);
+  });
 }
 
 // `keep_every`: 0, a long-lived 16 MiB allocated before the burst and the
@@ -253,24 +261,11 @@ void burst(int quiet_ms, std::size_t keep_every) {
 }
 
 void small_threads(int quiet_ms) {
-  constexpr int kThreads = 200;
-  std::vector<std::thread> threads;
-  std::atomic<int> holding{0};
-  std::atomic<bool> measured{false};
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&] {
-      void* p = take(64);
-      if (++holding == kThreads) {
-        point("peak");
-        measured = true;
-      }
-      while (!measured) quiet(1);
-      give(p);
-    });
-  }
-  for (auto& t : threads) t.join();
-  quiet(quiet_ms);
-  point("end");
+  on_threads(200, quiet_ms, [](auto peak) {
+    void* p = take(64);
+    peak();
+    give(p);
+  });
 }
 
 }  // namespace

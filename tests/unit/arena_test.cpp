@@ -88,6 +88,17 @@ bool start_arena(const arena::Config& cfg, arena::StartReport* report = nullptr)
   return arena::start(cfg, report != nullptr ? report : &local);
 }
 
+#if !defined(_WIN32)
+// Waits for the forked child `pid`, which exits 0 or with the number of
+// the step of its that failed.
+void expect_child_passed(pid_t pid) {
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
+}
+#endif
+
 // Runs `body` in a fresh process; it must return normally (exit 0).
 #define IN_FRESH_PROCESS(body)                            \
   EXPECT_EXIT(                                            \
@@ -803,6 +814,7 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
 }
 #endif  // !_WIN32
 
+#if !defined(_WIN32)  // the double models the virtual-memory API on Linux only
 // A commit mimalloc cannot make inside its allocation path (the granule is
 // not backed) is left pending; when it fails, mimalloc tries other ranges
 // (a fresh segment, the next arena), which fail too. The slow path backs
@@ -863,6 +875,7 @@ TEST(Arena, PinnedVmmBacksTheCommitTriedFirstAndOnlyBacksIt) {
     release(p);
   });
 }
+#endif
 
 // A freed huge block's granules go back without waiting out the give-back
 // delay (up to a second): a realloc growing to 1.5 GiB otherwise held every
@@ -1008,6 +1021,9 @@ TEST(Arena, ReallocKeepsContentsAcrossSegments) {
   });
 }
 
+// Linux only: the test forks (Windows has no fork(); growth in place is the
+// same code there).
+#if !defined(_WIN32)
 // A block that realloc grows past 4 MiB grows where it stands from then on,
 // as glibc's mremap grows an mmapped chunk: no copy, and no second block
 // held beside it while it grows (a realloc chain held the old block and
@@ -1067,10 +1083,7 @@ void expect_realloc_grows_in_place(BackendId backend, std::size_t first, std::si
       _exit(0);
     }
     arena::parent_after_fork();
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
+    expect_child_passed(pid);
     p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), first));
     EXPECT_EQ(p, at) << "a shrink moved";
     for (std::size_t i = 0; i < first; i += 4093) ASSERT_EQ(p[i], pattern(i)) << "at " << i;
@@ -1098,6 +1111,7 @@ TEST(Arena, ReallocGrowsInPlaceInTheRoomOfManagedMemory) {
   // 20 MiB: a growable managed block (from 16 MiB on).
   expect_realloc_grows_in_place(BackendId::unified, 20 * kMiB, 60 * kMiB);
 }
+#endif  // !_WIN32
 
 // A dedicated block of managed memory that a realloc moves (a huge malloc'd
 // block grown, or a growable one outgrowing its room) is discarded part by
@@ -1259,10 +1273,7 @@ TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
       _exit(0);
     }
     arena::parent_after_fork();
-    int status = 0;
-    ASSERT_EQ(waitpid(pid, &status, 0), pid);
-    ASSERT_TRUE(WIFEXITED(status));
-    EXPECT_EQ(WEXITSTATUS(status), 0) << "child step " << WEXITSTATUS(status) << " failed";
+    expect_child_passed(pid);
     for (std::size_t i = 0; i < 8 * kMiB; i += 4096) ASSERT_EQ(data[i], (unsigned char)(i * 7));
     arena::free(data, owner_tag(data));
   });
