@@ -169,7 +169,7 @@ bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
   const int slot = pick_retired_locked(need, want, &size);
   if (slot == 0 || !within_limit(backend, size + kSegmentAlign)) return false;
   Segment seg;
-  if (!acquire_segment(backend, size, kSegmentAlign, /*reserve=*/false, &seg)) return false;
+  if (!acquire_segment(backend, size, kSegmentAlign, Reserve::no, &seg)) return false;
   if (seg.on_demand || seg.size != size || !g_state.table.add(seg, /*dedicated=*/false)) {
     release_segment(seg);
     return false;
@@ -211,7 +211,7 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   // A backend that refuses the geometric size may still have room for a
   // smaller arena (managed memory near the device's capacity, pinned memory
   // under the locked-memory limit): halve down to what the request needs.
-  const bool reserve = arenas_reserve(backend);
+  const Reserve reserve = arenas_reserve(backend) ? Reserve::if_possible : Reserve::no;
   bool got = acquire_segment(backend, want, kSegmentAlign, reserve, &seg);
   while (!got && want > need) {
     want = std::max(need, want / 2 / kSegmentAlign * kSegmentAlign);
@@ -402,7 +402,7 @@ void* alloc_dedicated(std::size_t size, std::size_t alignment, bool zero, char* 
     return nullptr;
   }
   Segment seg;
-  if (!acquire_segment(backend, rounded, align, /*reserve=*/false, &seg)) {
+  if (!acquire_segment(backend, rounded, align, Reserve::no, &seg)) {
     describe_refusal(backend, rounded, why, why_len);
     return nullptr;
   }

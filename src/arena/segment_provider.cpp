@@ -39,7 +39,7 @@ void give_back(const Segment& segment) noexcept {
 
 }  // namespace
 
-bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, bool reserve,
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Reserve reserve,
                      Segment* out) noexcept {
   if (align < kSegmentAlign || (align & (align - 1)) != 0) return false;
   size = round_up(size, kSegmentAlign);
@@ -48,7 +48,7 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
 
   void* raw = nullptr;
   bool on_demand = false;
-  if (reserve) {
+  if (reserve != Reserve::no) {
     raw = with_backend(backend, [&]<MemoryBackend B>() -> void* {
       if constexpr (B::commits_on_demand) {
         // A reservation serves only if the driver backs it: the granule
@@ -72,7 +72,7 @@ bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, boo
     });
     on_demand = raw != nullptr;
   }
-  if (raw == nullptr) {
+  if (raw == nullptr && reserve != Reserve::only) {
     raw = with_backend(backend, [&]<MemoryBackend B>() { return B::allocate(raw_size); });
   }
   if (raw == nullptr) return false;
@@ -119,7 +119,10 @@ bool acquire_growable(BackendId backend, std::size_t size, std::size_t capacity,
   size = round_up(size, page_size());
   if (size == 0 || capacity < size) return false;
   Segment seg;
-  if (!acquire_segment(backend, capacity, kSegmentAlign, reserve, &seg)) return false;
+  if (!acquire_segment(backend, capacity, kSegmentAlign, reserve ? Reserve::only : Reserve::no,
+                       &seg)) {
+    return false;
+  }
   if (seg.on_demand && !commit_reserved(backend, seg.start, size)) {
     give_back(seg);
     return false;

@@ -27,22 +27,30 @@ struct Segment {
   std::size_t capacity = 0;
 };
 
+// How a segment is acquired from a backend that commits on demand.
+enum class Reserve : std::uint8_t {
+  no,           // the backend's memory, backed whole
+  if_possible,  // a reservation when the backend gives one, else as `no`
+  only,         // a reservation or nothing (a room must never be backed whole)
+};
+
 // Acquires at least `size` bytes (rounded up to 32 MiB) aligned to `align`
-// (a power of two, at least 32 MiB) from `backend`. With `reserve`, from a
-// backend that commits on demand, a reservation (on_demand: nothing backed
-// until commit_range commits it; fresh memory reads zero) when it can give
-// one. False when the backend returned nothing or memory the ownership map
-// cannot describe.
-bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, bool reserve,
+// (a power of two, at least 32 MiB) from `backend`. A reservation
+// (on_demand: nothing backed until commit_range commits it; fresh memory
+// reads zero) as `reserve` says. False when the backend returned nothing or
+// memory the ownership map cannot describe.
+bool acquire_segment(BackendId backend, std::size_t size, std::size_t align, Reserve reserve,
                      Segment* out) noexcept;
 
 // A block that may grow in place (a realloc's): `capacity` bytes of room
 // (at least `size`; rounded up to 32 MiB), of which [start, start + size)
 // is in use, `size` rounded up to the page size. With `reserve`, from a
 // backend that commits on demand, a reservation: the room is address space
-// and only the part in use is committed. Otherwise the backend's memory,
-// which had better be backed only where touched (managed memory): the
-// caller asks room only of such backends. False when the backend refused.
+// and only the part in use is committed; never the room backed whole (a
+// backend out of reservations, pinned's table full: false). Otherwise the
+// backend's memory, which had better be backed only where touched (managed
+// memory): the caller asks room only of such backends. False when the
+// backend refused.
 bool acquire_growable(BackendId backend, std::size_t size, std::size_t capacity, bool reserve,
                       Segment* out) noexcept;
 

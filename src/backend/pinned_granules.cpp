@@ -117,8 +117,10 @@ struct Reservation {
   std::size_t state_bytes = 0;
 };
 
-// Reservations are arenas (at most 64, mimalloc's limit) and rare
-// replacements: a fixed table, no allocation.
+// Reservations are arenas (at most 64, mimalloc's limit) and growable
+// blocks (a realloc's, arena.cpp): a fixed table, no allocation. With the
+// table full a growable block is an arena block again (it moves as it
+// grows).
 constexpr std::size_t kMaxReservations = 128;
 constinit Reservation g_reservations[kMaxReservations];
 
@@ -612,6 +614,13 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
       (!vmm && (api->cuMemHostRegister == nullptr || api->cuMemHostUnregister == nullptr))) {
     return nullptr;
   }
+  // No slot left (growable blocks take one each): no driver call either; a
+  // slot freed meanwhile is only missed once.
+  bool any_slot = false;
+  for (const Reservation& r : g_reservations) {
+    any_slot = any_slot || r.base.load(std::memory_order_relaxed) == 0;
+  }
+  if (!any_slot) return nullptr;
   // Memory that no commit could back is no arena: without a usable device
   // (no context can be made current) reserve nothing, and the caller's
   // cuMemHostAlloc reports why, as for every other backend.

@@ -1109,6 +1109,55 @@ TEST(Arena, ReallocGrowsInPlaceInPinnedReservations) {
   expect_realloc_grows_in_place(BackendId::pinned, 8 * kMiB, 400 * kMiB);
 }
 
+// Growable blocks take a slot of the pinned backend's reservation table
+// each (arenas take the rest): with the table full, further blocks are
+// arena blocks that move as they grow, and every one keeps its bytes. (A
+// room that found no slot was pinned whole: 1 GiB locked for a 5 MiB block.)
+TEST(Arena, PinnedGrowableBlocksBeyondTheReservationTable) {
+  IN_FRESH_PROCESS({
+    if (under_valgrind()) {
+      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
+      std::exit(0);
+    }
+    arena::Config cfg = config(BackendId::pinned);
+    cfg.pin_granules = true;
+    set_pinned_commit(PinnedCommit::vmm);
+    ASSERT_TRUE(start_arena(cfg));
+    constexpr int kBlocks = 160;  // more than the table's 128 slots
+    std::vector<unsigned char*> blocks;
+    int in_place = 0;
+    for (int b = 0; b < kBlocks; ++b) {
+      auto* p = static_cast<unsigned char*>(arena::alloc(64));
+      ASSERT_NE(p, nullptr);
+      p[0] = static_cast<unsigned char>(b);
+      p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), 5 * kMiB));
+      ASSERT_NE(p, nullptr) << "block " << b;
+      unsigned char* const at = p;
+      p[5 * kMiB - 1] = static_cast<unsigned char>(b);
+      p = static_cast<unsigned char*>(arena::realloc(p, owner_tag(p), 6 * kMiB));
+      ASSERT_NE(p, nullptr) << "block " << b;
+      in_place += p == at;
+      blocks.push_back(p);
+    }
+    for (int b = 0; b < kBlocks; ++b) {
+      ASSERT_EQ(blocks[b][0], static_cast<unsigned char>(b));
+      ASSERT_EQ(blocks[b][5 * kMiB - 1], static_cast<unsigned char>(b));
+    }
+    for (unsigned char* p : blocks) arena::free(p, owner_tag(p));
+    // A death test shows only stderr.
+    std::fprintf(stderr, "%d of %d blocks grew in place, %d host calls, %zu MiB pinned at peak\n",
+                 in_place, kBlocks, static_cast<int>(g_host_calls.load()),
+                 static_cast<std::size_t>(
+                     backend_counters(BackendId::pinned).bytes_live_peak.load() / kMiB));
+    EXPECT_GE(in_place, 64) << "too few blocks grew in place";
+    EXPECT_LT(in_place, kBlocks) << "more growable blocks than the table has slots";
+    EXPECT_EQ(g_host_calls.load(), 0) << "a block fell back to the host heap";
+    // No block beyond the table is its whole room (1 GiB) backed.
+    EXPECT_LE(backend_counters(BackendId::pinned).bytes_live_peak.load(),
+              2 * kBlocks * 6 * kMiB + 64 * kMiB);
+  });
+}
+
 TEST(Arena, ReallocGrowsInPlaceInHostReservations) {
   expect_realloc_grows_in_place(BackendId::host, 8 * kMiB, 400 * kMiB);
 }
