@@ -274,6 +274,14 @@ bool driver_back(Reservation& r, std::uintptr_t start, std::size_t size, bool lo
   if (api == nullptr || in_driver_call()) return false;
   BackendCounters& c = counters();
   const std::uint64_t t0 = detail::monotonic_ns();
+  // The count never exceeds what the driver holds: a granule is counted
+  // once backed, and uncounted before it is given back (added again if the
+  // driver keeps it). Its peak is then at most the driver's, short of it by
+  // at most a granule for each thread backing one at that moment.
+  if (!lock) {
+    c.bytes_live.fetch_sub(size, std::memory_order_relaxed);
+    g_backed_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
+  }
   bool ok = false;
   {
     DriverCall call;
@@ -292,13 +300,10 @@ bool driver_back(Reservation& r, std::uintptr_t start, std::size_t size, bool lo
     if (!ok) count_event(c.driver_failures);
   }
   count_event(c.driver_ns, detail::monotonic_ns() - t0);
-  if (ok && lock) {
-    count_event(c.bytes_allocated, size);
+  if (ok && lock) count_event(c.bytes_allocated, size);
+  if (ok == lock) {  // backed now, or still backed
     c.add_live(size);
     g_backed_bytes.fetch_add(static_cast<std::int64_t>(size), std::memory_order_relaxed);
-  } else if (ok) {
-    c.bytes_live.fetch_sub(size, std::memory_order_relaxed);
-    g_backed_bytes.fetch_sub(static_cast<std::int64_t>(size), std::memory_order_relaxed);
   }
   return ok;
 }
