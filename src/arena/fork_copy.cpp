@@ -26,6 +26,16 @@
 //    correct, at the cost of a migration. In pinned memory the CPU reads
 //    them in place (copy_run says why), the zero ones left out.
 //
+// Children that follow each other share one image (the base): the first
+// fork's image is kept, and a fork soon after (kReuseWindowNs) writes only
+// the pages whose contents differ from it into an image of its own (a
+// delta), which its child maps over the base where they differ. Contents
+// are compared, not tracked: memory a GPU or a driver copy writes changes
+// no page table, so only a comparison sees it. The base is kept while forks
+// follow each other; once none has come for the window it is closed (the
+// children that map it keep it), from mimalloc's heartbeat
+// (release_idle_fork_image) or at the next fork.
+//
 // When the child gets its copy: in a child of a multi-threaded parent,
 // glibc's fork() touches the heap before any atfork child handler runs (it
 // resets the lock of every FILE). So the child maps the image at its first
@@ -65,7 +75,41 @@ struct Shadow {
   std::uint64_t serial = 0;         // the table entry it copies
   std::uint64_t* early = nullptr;   // copy_early: one bit per page it copied
   std::size_t early_map_bytes = 0;  // that bitmap's mapping
+  // One bit per page: in a base, the pages written into it; in a delta, the
+  // pages the child takes from the delta (it differs from the base there).
+  std::uint64_t* marks = nullptr;
+  std::size_t marks_map_bytes = 0;
 };
+
+// The image kept for the children of the forks that follow (see above):
+// what it holds, by address. Under the fork's serialisation (the fork lock,
+// the table lock) or g_base_use.
+struct BaseImage {
+  int fd = -1;
+  Shadow segments[SegmentTable::kCapacity];  // target, size, marks: pages it holds
+  std::size_t count = 0;
+  std::uint64_t pages = 0;        // pages it holds
+  std::uint64_t delta_pages = 0;  // the last delta's
+  std::uint64_t last_fork_ns = 0;
+};
+constinit BaseImage g_base;
+// Who may touch g_base: kBaseFree, a fork (kBaseForking, from open_image to
+// close_image), or the release of an idle base (kBaseReleasing).
+enum BaseUse : int { kBaseFree, kBaseForking, kBaseReleasing };
+constinit std::atomic<int> g_base_use{kBaseFree};
+// When an idle base may be released (0: no base).
+constinit std::atomic<std::uint64_t> g_base_deadline{0};
+// A fork soon after the last one shares its base: the forks of a pool of
+// workers or a data loader come a few milliseconds apart; a server's
+// periodic fork (a snapshot a minute) gets an image of its own.
+constexpr std::uint64_t kReuseWindowNs = 2'000'000'000;
+// A delta whose pages reach half the base's makes the next fork a base.
+// Runs of a delta are mappings in the child (the kernel allows 65,530 by
+// default, the program's own among them): past kMaxDeltaRuns the fork
+// makes a new base instead.
+constexpr std::size_t kMaxDeltaRuns = 8192;
+constinit bool g_delta = false;  // the open image is a delta over g_base
+constinit std::uint64_t g_delta_pages = 0;
 
 // A segment the child lacks and has no copy of (the image could not take it).
 struct Missing {
@@ -147,26 +191,90 @@ void restore_file_size_limit() noexcept {
   g_fsize_lifted = false;
 }
 
+// Page bitmaps (Shadow::early, Shadow::marks): anonymous memory, which a
+// child inherits (it reads the marks of its delta).
+std::uint64_t* map_bits(std::size_t pages, std::size_t* map_bytes) noexcept {
+  *map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), Os::page_size());
+  return static_cast<std::uint64_t*>(map_anonymous(*map_bytes));
+}
+
+void unmap_bits(std::uint64_t*& bits, std::size_t map_bytes) noexcept {
+  if (bits != nullptr) munmap(bits, map_bytes);
+  bits = nullptr;
+}
+
+bool bit(const std::uint64_t* bits, std::size_t i) noexcept {
+  return (bits[i / 64] >> (i % 64) & 1) != 0;
+}
+
+void set_bit(std::uint64_t* bits, std::size_t i, bool on) noexcept {
+  const std::uint64_t m = std::uint64_t{1} << (i % 64);
+  bits[i / 64] = on ? bits[i / 64] | m : bits[i / 64] & ~m;
+}
+
+// Closes the base (the children that map it keep it). Under kBaseForking or
+// kBaseReleasing, or in a child.
+void drop_base() noexcept {
+  for (std::size_t i = 0; i < g_base.count; ++i) {
+    unmap_bits(g_base.segments[i].marks, g_base.segments[i].marks_map_bytes);
+  }
+  g_base.count = 0;
+  g_base.pages = 0;
+  g_base.delta_pages = 0;
+  if (g_base.fd >= 0) close(g_base.fd);
+  g_base.fd = -1;
+}
+
+// Takes g_base for this fork (a release of an idle base in progress on
+// another thread is short: it closes one descriptor and unmaps bitmaps).
+void use_base() noexcept {
+  int expected = kBaseFree;
+  while (!g_base_use.compare_exchange_weak(expected, kBaseForking, std::memory_order_acquire)) {
+    if (expected == kBaseForking) return;  // this fork's already
+    expected = kBaseFree;
+    sched_yield();
+  }
+}
+
+// Whether this fork's image can be a delta over the base: a base there is,
+// a fork came within the window, and the last delta stayed small.
+bool base_reusable() noexcept {
+  return g_base.fd >= 0 && Os::monotonic_ns() - g_base.last_fork_ns <= kReuseWindowNs &&
+         g_base.delta_pages <= g_base.pages / 2;
+}
+
+void close_image() noexcept;
+
 // The fork's image, made once per fork (both passes write into it). A memfd;
 // close-on-exec, so that a child that execs without touching its heap leaves
-// it behind.
-bool open_image() noexcept {
+// it behind. A delta over the base when the base serves (see above);
+// `fresh` asks for a base whatever the base (a delta that would not do).
+bool open_image(bool fresh = false) noexcept {
   if (g_image >= 0) return true;
   if (!lift_file_size_limit()) return false;
-  const int fd = memfd_create("mnemosyne-fork-heap", MFD_CLOEXEC);
-  if (fd < 0) return false;
-  if (ftruncate(fd, kImageBytes) != 0) {
-    close(fd);
-    return false;
+  use_base();
+  g_delta = !fresh && base_reusable();
+  if (!g_delta) drop_base();
+  g_delta_pages = 0;
+  const int fd =
+      memfd_create(g_delta ? "mnemosyne-fork-delta" : "mnemosyne-fork-heap", MFD_CLOEXEC);
+  if (fd >= 0 && ftruncate(fd, kImageBytes) == 0) {
+    g_image = fd;
+    return true;
   }
-  g_image = fd;
-  return true;
+  if (fd >= 0) close(fd);
+  close_image();
+  return false;
 }
 
 void close_image() noexcept {
   if (g_image >= 0) close(g_image);
   g_image = -1;
+  g_delta = false;
   restore_file_size_limit();
+  if (g_base_use.load(std::memory_order_relaxed) == kBaseForking) {
+    g_base_use.store(kBaseFree, std::memory_order_release);
+  }
 }
 
 // Writes [src, src + size) into the image at `at`'s offset. False when the
@@ -197,8 +305,7 @@ bool write_image(const void* at, const void* src, std::size_t size) noexcept {
 }
 
 void drop_bitmap(Shadow& s) noexcept {
-  if (s.early != nullptr) munmap(s.early, s.early_map_bytes);
-  s.early = nullptr;
+  unmap_bits(s.early, s.early_map_bytes);
 }
 
 bool is_zero(const unsigned char* p, std::size_t n) noexcept {
@@ -217,9 +324,10 @@ struct Pass {
   Shadow* shadow;
   BackendId backend;
   bool early;
-  unsigned char* residency;  // mincore buffer, kWindowPages entries
-  unsigned char* bounce;     // early pass: copy_out's destination
-  std::uint64_t bytes = 0;   // written into the image
+  unsigned char* residency;   // mincore buffer, kWindowPages entries
+  unsigned char* bounce;      // early pass: copy_out's destination
+  unsigned char* base_pages;  // a delta's: the base's pages, kCompareBytes
+  std::uint64_t bytes = 0;    // written into the image
   std::uint64_t via_backend = 0;
   bool failed = false;  // the image could not take a write
   // Live ranges that touch are handled as one (a full page's blocks end
@@ -233,17 +341,63 @@ constexpr std::size_t kWindowPages = std::size_t{1} << 16;  // 256 MiB of 4 KiB 
 constexpr std::size_t kBounceBytes = std::size_t{2} << 20;
 constinit unsigned char g_residency[kWindowPages];        // prepare_fork's, under the table lock
 constinit unsigned char g_early_residency[kWindowPages];  // copy_early's, under the fork lock
+constexpr std::size_t kCompareBytes = 64 * 1024;
+constinit unsigned char g_base_pages[kCompareBytes];        // prepare_fork's
+constinit unsigned char g_early_base_pages[kCompareBytes];  // copy_early's
 
 bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
   return s.early != nullptr && (s.early[page_index / 64] >> (page_index % 64) & 1) != 0;
 }
 
-void put(Pass& pass, const unsigned char* at, const unsigned char* src, std::size_t size) noexcept {
+void write_pages(Pass& pass, const unsigned char* at, const unsigned char* src,
+                 std::size_t size) noexcept {
   if (!write_image(at, src, size)) {
     pass.failed = true;
     return;
   }
   pass.bytes += size;
+}
+
+// A delta: the pages of [at, at + size) whose contents `src` differ from the
+// base's go into the delta, and are marked; the others are unmarked (the
+// child takes them from the base). Reading the base costs no memory: a
+// page it does not hold reads as zeros.
+void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
+               std::size_t size) noexcept {
+  const std::size_t page = Os::page_size();
+  Shadow& s = *pass.shadow;
+  const auto* base = static_cast<const unsigned char*>(s.target);
+  std::size_t run = 0;  // pages that differ, not yet written, ending at `done`
+  for (std::size_t done = 0; done < size && !pass.failed;) {
+    const std::size_t n = size - done < kCompareBytes ? size - done : kCompareBytes;
+    const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at + done));
+    ssize_t got = pread(g_base.fd, pass.base_pages, n, offset);
+    while (got < 0 && errno == EINTR) got = pread(g_base.fd, pass.base_pages, n, offset);
+    if (got < 0) got = 0;  // unreadable: every page counts as different
+    for (std::size_t i = 0; i < n; i += page) {
+      const bool same = static_cast<std::size_t>(got) >= i + page &&
+                        std::memcmp(src + done + i, pass.base_pages + i, page) == 0;
+      set_bit(s.marks, static_cast<std::size_t>(at + done + i - base) / page, !same);
+      if (!same) {
+        run += page;
+        continue;
+      }
+      if (run != 0) write_pages(pass, at + done + i - run, src + done + i - run, run);
+      run = 0;
+    }
+    done += n;
+  }
+  if (run != 0 && !pass.failed) write_pages(pass, at + size - run, src + size - run, run);
+}
+
+void put(Pass& pass, const unsigned char* at, const unsigned char* src, std::size_t size) noexcept {
+  if (g_delta) return put_delta(pass, at, src, size);
+  write_pages(pass, at, src, size);
+  // A base: what it holds.
+  const std::size_t page = Os::page_size();
+  const auto first =
+      static_cast<std::size_t>(at - static_cast<unsigned char*>(pass.shadow->target));
+  for (std::size_t i = 0; i < size / page; ++i) set_bit(pass.shadow->marks, first / page + i, true);
 }
 
 // Copies pages [first, first + count) of the segment as they are (CPU pass).
@@ -371,19 +525,46 @@ void describe(Shadow& s, const SegmentTable::Entry& e) noexcept {
   s.size = e.segment.size;
   s.serial = e.serial;
   s.early = nullptr;
+  s.marks = nullptr;
 }
 
 // copy_early's bitmap of the pages it copied.
 bool map_bitmap(Shadow& s) noexcept {
-  const std::size_t pages = s.size / Os::page_size();
-  s.early_map_bytes = round_up((pages + 63) / 64 * sizeof(std::uint64_t), Os::page_size());
-  s.early = static_cast<std::uint64_t*>(map_anonymous(s.early_map_bytes));
+  s.early = map_bits(s.size / Os::page_size(), &s.early_map_bytes);
   return s.early != nullptr;
+}
+
+// The shadow's marks before its passes: in a base, none; in a delta, the
+// pages the base holds there (a page no pass finds live again then reads as
+// zero, from the delta, as in a child with an image of its own).
+bool begin_marks(Shadow& s) noexcept {
+  const std::size_t page = Os::page_size();
+  s.marks = map_bits(s.size / page, &s.marks_map_bytes);
+  if (s.marks == nullptr || !g_delta) return s.marks != nullptr;
+  const auto lo = reinterpret_cast<std::uintptr_t>(s.target);
+  const std::uintptr_t hi = lo + s.size;
+  for (std::size_t b = 0; b < g_base.count; ++b) {
+    const Shadow& held = g_base.segments[b];
+    const auto held_lo = reinterpret_cast<std::uintptr_t>(held.target);
+    const std::uintptr_t from = held_lo > lo ? held_lo : lo;
+    const std::uintptr_t to = held_lo + held.size < hi ? held_lo + held.size : hi;
+    for (std::uintptr_t a = from; a < to; a += page) {
+      if (bit(held.marks, (a - held_lo) / page)) set_bit(s.marks, (a - lo) / page, true);
+    }
+  }
+  return true;
+}
+
+void drop_marks(Shadow& s) noexcept {
+  unmap_bits(s.marks, s.marks_map_bytes);
 }
 
 void drop_early() noexcept {
   g_early_thread.store(0, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < g_early_count; ++i) drop_bitmap(g_early[i]);
+  for (std::size_t i = 0; i < g_early_count; ++i) {
+    drop_bitmap(g_early[i]);
+    drop_marks(g_early[i]);
+  }
   g_early_count = 0;
 }
 
@@ -395,7 +576,10 @@ bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
     if (s.early == nullptr || s.serial != serial) continue;
     out.early = s.early;
     out.early_map_bytes = s.early_map_bytes;
+    out.marks = s.marks;
+    out.marks_map_bytes = s.marks_map_bytes;
     s.early = nullptr;
+    s.marks = nullptr;
     return true;
   }
   return false;
@@ -452,7 +636,9 @@ bool copy_early() noexcept {
   for (std::size_t i = 0; i < n && ok; ++i) {
     Shadow& s = g_early[g_early_count];
     describe(s, g_snapshot[i]);
-    if (!map_bitmap(s)) {
+    if (!map_bitmap(s) || !begin_marks(s)) {
+      drop_bitmap(s);
+      drop_marks(s);
       ok = false;
       break;
     }
@@ -461,7 +647,8 @@ bool copy_early() noexcept {
     // (fork_readers), so reading its metadata here, outside the table lock,
     // is safe; a dedicated block freed meanwhile only makes copy_out fail,
     // and the table no longer lists it.
-    Pass pass{&s, g_snapshot[i].segment.backend, true, g_early_residency, bounce};
+    Pass pass{
+        &s, g_snapshot[i].segment.backend, true, g_early_residency, bounce, g_early_base_pages};
     copy_segment(g_snapshot[i], pass);
     add_copied(pass);
     ok = !pass.failed;
@@ -481,6 +668,81 @@ void end_early() noexcept {
   close_image();  // the parent's; a child has its own descriptor
 }
 
+namespace {
+
+// One walk: every segment a child does not inherit, into the image (its
+// shadows in g_shadows, those it could not copy in g_missing).
+void copy_all(bool adopt) noexcept {
+  g_shadow_count = 0;
+  g_missing_count = 0;
+  const SegmentTable::Entry* entries = g_state.table.entries();
+  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+    const SegmentTable::Entry& e = entries[i];
+    if (!e.used || inherited(e.segment.backend)) continue;
+    Shadow& s = g_shadows[g_shadow_count];
+    describe(s, e);
+    if (adopt) adopt_early(e.serial, s);
+    bool ok = open_image() && (s.marks != nullptr || begin_marks(s));
+    if (ok) {
+      Pass pass{&s, e.segment.backend, false, g_residency, nullptr, g_base_pages};
+      copy_segment(e, pass);
+      add_copied(pass);
+      ok = !pass.failed;
+    }
+    drop_bitmap(s);  // the child has no use for it
+    if (!ok) {
+      drop_marks(s);
+      g_missing[g_missing_count++] = Missing{e.segment.start, e.segment.size};
+      continue;
+    }
+    ++g_shadow_count;
+  }
+}
+
+// A delta's runs of marked pages (a mapping each in the child), and its
+// pages (g_delta_pages).
+std::size_t count_delta_runs() noexcept {
+  std::size_t runs = 0;
+  g_delta_pages = 0;
+  for (std::size_t i = 0; i < g_shadow_count; ++i) {
+    const Shadow& s = g_shadows[i];
+    const std::size_t pages = s.size / Os::page_size();
+    bool in_run = false;
+    for (std::size_t p = 0; p < pages; ++p) {
+      const bool on = bit(s.marks, p);
+      runs += on && !in_run;
+      g_delta_pages += on;
+      in_run = on;
+    }
+  }
+  return runs;
+}
+
+// After the fork, in the parent: a complete base image is kept for the forks
+// that follow; a delta leaves its size, for the next fork to judge.
+void keep_image() noexcept {
+  if (g_image >= 0 && g_delta) {
+    g_base.delta_pages = g_delta_pages;
+    g_base.last_fork_ns = Os::monotonic_ns();
+  } else if (g_image >= 0 && g_missing_count == 0) {
+    drop_base();
+    for (std::size_t i = 0; i < g_shadow_count; ++i) {
+      Shadow& held = g_base.segments[g_base.count++];
+      held = g_shadows[i];
+      g_shadows[i].marks = nullptr;
+      for (std::size_t w = 0; w < held.marks_map_bytes / sizeof(std::uint64_t); ++w) {
+        g_base.pages += static_cast<std::uint64_t>(__builtin_popcountll(held.marks[w]));
+      }
+    }
+    g_base.fd = g_image;
+    g_image = -1;
+    g_base.last_fork_ns = Os::monotonic_ns();
+  }
+  for (std::size_t i = 0; i < g_shadow_count; ++i) drop_marks(g_shadows[i]);
+}
+
+}  // namespace
+
 void prepare_fork() noexcept {
   g_state.table.lock().lock();  // released in parent_after_fork / child_after_fork
   // The walk below reads arena blocks in use; a free block being discarded
@@ -490,30 +752,21 @@ void prepare_fork() noexcept {
   // Nor is backing given up under what it reads (pinned granules, PIN=vmm).
   hold_backing(true);
   g_parent_pid = getpid();
-  g_shadow_count = 0;
-  g_missing_count = 0;
   const bool adopt = g_early_thread.load(std::memory_order_acquire) == gettid();
   if (!adopt) close_image();  // not this fork's: another thread's early copy, long over
-  const SegmentTable::Entry* entries = g_state.table.entries();
-  for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
-    const SegmentTable::Entry& e = entries[i];
-    if (!e.used || inherited(e.segment.backend)) continue;
-    Shadow& s = g_shadows[g_shadow_count];
-    describe(s, e);
-    if (adopt) adopt_early(e.serial, s);
-    bool ok = open_image();
-    if (ok) {
-      Pass pass{&s, e.segment.backend, false, g_residency, nullptr};
-      copy_segment(e, pass);
-      add_copied(pass);
-      ok = !pass.failed;
-    }
-    drop_bitmap(s);  // the child has no use for it
-    if (!ok) {
-      g_missing[g_missing_count++] = Missing{e.segment.start, e.segment.size};
-      continue;
-    }
-    ++g_shadow_count;
+  // Nor is the base released while this fork may read it, or the child
+  // inherits it.
+  use_base();
+  copy_all(adopt);
+  if (g_delta && count_delta_runs() > kMaxDeltaRuns) {
+    // Too scattered for the child's mappings: this fork makes a base, every
+    // page read again with the CPU.
+    for (std::size_t i = 0; i < g_shadow_count; ++i) drop_marks(g_shadows[i]);
+    close_image();
+    drop_early();
+    use_base();
+    open_image(/*fresh=*/true);
+    copy_all(/*adopt=*/false);
   }
   if (adopt) drop_early();    // bitmaps of segments released since copy_early
   restore_file_size_limit();  // before the fork: the child inherits the program's
@@ -525,12 +778,72 @@ void parent_after_fork() noexcept {
   hold_backing(false);
   g_state.fork_readers.fetch_sub(1, std::memory_order_seq_cst);
   g_child_state.store(kIdle, std::memory_order_release);
+  keep_image();
   g_shadow_count = 0;
   close_image();  // the child holds its own descriptor to it
+  if (g_base.fd >= 0) {
+    g_base_deadline.store(g_base.last_fork_ns + kReuseWindowNs, std::memory_order_release);
+  }
   g_state.table.lock().unlock();
 }
 
+void release_idle_fork_image() noexcept {
+  const std::uint64_t deadline = g_base_deadline.load(std::memory_order_acquire);
+  if (deadline == 0 || Os::monotonic_ns() < deadline) return;
+  int expected = kBaseFree;
+  if (!g_base_use.compare_exchange_strong(expected, kBaseReleasing, std::memory_order_acquire)) {
+    return;  // a fork uses it
+  }
+  const int saved_errno = errno;
+  if (g_base.fd >= 0 && Os::monotonic_ns() - g_base.last_fork_ns > kReuseWindowNs) drop_base();
+  if (g_base.fd < 0) g_base_deadline.store(0, std::memory_order_relaxed);
+  g_base_use.store(kBaseFree, std::memory_order_release);
+  errno = saved_errno;
+}
+
 namespace {
+
+// In the child: maps `file` at [at, at + size), privately.
+bool map_image(int file, unsigned char* at, std::size_t size) noexcept {
+  const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at));
+  return mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, file,
+              offset) != MAP_FAILED;
+}
+
+// In the child: the shadow's copy at its target; from a delta, the base with
+// the delta's runs over it.
+bool map_shadow(const Shadow& s) noexcept {
+  auto* target = static_cast<unsigned char*>(s.target);
+  if (!g_delta) return map_image(g_image, target, s.size);
+  if (!map_image(g_base.fd, target, s.size)) return false;
+  const std::size_t page = Os::page_size();
+  const std::size_t pages = s.size / page;
+  for (std::size_t p = 0; p < pages;) {
+    if (!bit(s.marks, p)) {
+      ++p;
+      continue;
+    }
+    std::size_t q = p + 1;
+    while (q < pages && bit(s.marks, q)) ++q;
+    if (!map_image(g_image, target + p * page, (q - p) * page)) return false;
+    p = q;
+  }
+  return true;
+}
+
+// In the child: the parent's base is not its own (the mappings keep what
+// they took of it). A release that was under way on another thread at the
+// fork left its state half-way: then only forgotten.
+void forget_base() noexcept {
+  if (g_base_use.load(std::memory_order_relaxed) == kBaseReleasing) {
+    g_base.fd = -1;
+    g_base.count = 0;
+  } else {
+    drop_base();
+  }
+  g_base_use.store(kBaseFree, std::memory_order_relaxed);
+  g_base_deadline.store(0, std::memory_order_relaxed);
+}
 
 // In the child: maps the image at every shadow's target, and an
 // inaccessible reservation where a segment has no copy. Runs once, with
@@ -545,14 +858,14 @@ void restore_once() noexcept {
   if (g_child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
     for (std::size_t i = 0; i < g_shadow_count; ++i) {
       Shadow& s = g_shadows[i];
-      const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(s.target));
-      if (mmap(s.target, s.size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE,
-               g_image, offset) == MAP_FAILED) {
+      if (!map_shadow(s)) {
         g_missing[g_missing_count++] = Missing{s.target, s.size};
         g_child_complete = false;
       }
+      drop_marks(s);
     }
     close_image();  // the mappings keep the image
+    forget_base();
     // What has no copy is never shown as zeros (a child running on wrong
     // data is worse than one that stops): the range is reserved with no
     // access, and a touch of it ends the child with SIGSEGV.
@@ -607,6 +920,7 @@ bool child_after_fork() noexcept {
   }
   restore_once();
   close_image();  // a child that took no copy (a nested fork's) has one open too
+  forget_base();
   const bool ok = g_child_complete;
   g_shadow_count = 0;
   g_missing_count = 0;

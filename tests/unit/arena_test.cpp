@@ -1334,6 +1334,183 @@ TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
   });
 }
 
+std::uint64_t fork_bytes_copied() {
+  arena::Stats st;
+  arena::stats(&st);
+  return st.fork_bytes_copied;
+}
+
+// The forks that follow each other share one image: the second writes only
+// what changed since the first (the base), and each child reads its heap as
+// it was at its own fork: the first child still reads the first fork's
+// values after the parent has overwritten them and forked again; the second
+// reads the new ones, those of a page that lives "on the device" (read
+// through the driver) too, and zeros where a block was cleared since, or
+// freed.
+TEST(Arena, ForksThatFollowEachOtherShareOneImage) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    constexpr int kBlocks = 48;
+    constexpr std::size_t kSize = kMiB;
+    std::vector<unsigned char*> blocks;
+    for (int b = 0; b < kBlocks; ++b) {
+      auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
+      ASSERT_NE(p, nullptr);
+      std::memset(p, b + 1, kSize);
+      blocks.push_back(p);
+    }
+    int go[2];
+    ASSERT_EQ(pipe(go), 0);
+    auto reads = [&](int b, unsigned char v) {
+      for (std::size_t i = 0; i < kSize; i += 512) {
+        if (blocks[b][i] != v) return false;
+      }
+      return true;
+    };
+    const std::uint64_t copied0 = fork_bytes_copied();
+    arena::prepare_fork();
+    const pid_t first = fork();
+    if (first == 0) {
+      if (!arena::child_after_fork()) _exit(10);
+      for (int b = 0; b < kBlocks; ++b) {
+        if (!reads(b, static_cast<unsigned char>(b + 1))) _exit(11);
+      }
+      char c;
+      if (read(go[0], &c, 1) != 1) _exit(12);  // after the parent's second fork
+      for (int b = 0; b < kBlocks; ++b) {
+        if (!reads(b, static_cast<unsigned char>(b + 1))) _exit(13);
+      }
+      _exit(0);
+    }
+    arena::parent_after_fork();
+    const std::uint64_t copied1 = fork_bytes_copied() - copied0;
+    EXPECT_GE(copied1, kBlocks * kSize) << "the first fork copies the heap";
+    // Right after the fork: overwrite a quarter, free a quarter, move one
+    // changed block's pages "to the device".
+    for (int b = 0; b < kBlocks / 4; ++b) std::memset(blocks[b], 0xEE, kSize);
+    for (int b = kBlocks / 4; b < kBlocks / 2; ++b) {
+      arena::free(blocks[b], owner_tag(blocks[b]));
+      blocks[b] = nullptr;
+    }
+    auto migrate = reinterpret_cast<long (*)(const void*, std::size_t)>(test::library_symbol(
+        test::loaded_library(driver_info().path), "fakecuda_migrate_to_device"));
+    ASSERT_NE(migrate, nullptr);
+    EXPECT_GT(migrate(blocks[0], kSize), 0);
+    // A block cleared since, "on the device": its zero pages are left out of
+    // any image, and the base holds the old values there.
+    std::memset(blocks[kBlocks - 1], 0, kSize);
+    EXPECT_GT(migrate(blocks[kBlocks - 1], kSize), 0);
+    arena::prepare_fork();
+    const pid_t second = fork();
+    if (second == 0) {
+      if (!arena::child_after_fork()) _exit(20);
+      for (int b = 0; b < kBlocks; ++b) {
+        if (b < kBlocks / 4 && !reads(b, 0xEE)) _exit(21);
+        if (b >= kBlocks / 2 && b < kBlocks - 1 && !reads(b, static_cast<unsigned char>(b + 1))) {
+          _exit(22);
+        }
+      }
+      if (!reads(kBlocks - 1, 0)) _exit(25);
+      // Where the freed blocks were, memory reads as zero as mimalloc
+      // expects of what it has not handed out since.
+      for (int b = kBlocks / 4; b < kBlocks / 2; ++b) {
+        auto* p = static_cast<unsigned char*>(arena::alloc_zeroed(kSize));
+        if (p == nullptr) _exit(23);
+        for (std::size_t i = 0; i < kSize; ++i) {
+          if (p[i] != 0) _exit(24);
+        }
+      }
+      _exit(0);
+    }
+    arena::parent_after_fork();
+    const std::uint64_t copied2 = fork_bytes_copied() - copied0 - copied1;
+    EXPECT_LT(copied2, kBlocks * kSize / 3) << "the second fork copied more than what changed";
+    EXPECT_GE(copied2, kBlocks / 4 * kSize) << "the second fork copied less than what changed";
+    // The parent overwrites every block before the first child looks again.
+    for (int b = 0; b < kBlocks; ++b) {
+      if (blocks[b] != nullptr) std::memset(blocks[b], 0x11, kSize);
+    }
+    ASSERT_EQ(write(go[1], "g", 1), 1);
+    expect_child_passed(first);
+    expect_child_passed(second);
+    close(go[0]);
+    close(go[1]);
+    for (unsigned char* p : blocks) {
+      if (p != nullptr) arena::free(p, owner_tag(p));
+    }
+  });
+}
+
+// A delta whose changed pages lie scattered (every other page) needs more
+// mappings in the child than a fork may take: that fork makes a new base,
+// and the child reads every page right.
+TEST(Arena, AForkWhoseChangesAreScatteredMakesANewImage) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    constexpr std::size_t kSize = 96 * kMiB;  // 24,576 pages: 12,288 changed runs
+    auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 1, kSize);
+    arena::prepare_fork();
+    pid_t pid = fork();
+    if (pid == 0) _exit(arena::child_after_fork() && p[kSize - 1] == 1 ? 0 : 10);
+    arena::parent_after_fork();
+    expect_child_passed(pid);
+    for (std::size_t i = 0; i < kSize; i += 8192) p[i] = 2;
+    const std::uint64_t before = fork_bytes_copied();
+    arena::prepare_fork();
+    pid = fork();
+    if (pid == 0) {
+      if (!arena::child_after_fork()) _exit(20);
+      for (std::size_t i = 0; i < kSize; i += 4096) {
+        if (p[i] != (i % 8192 == 0 ? 2 : 1)) _exit(21);
+      }
+      _exit(0);
+    }
+    arena::parent_after_fork();
+    expect_child_passed(pid);
+    EXPECT_GE(fork_bytes_copied() - before, kSize) << "not a new image";
+    arena::free(p, owner_tag(p));
+  });
+}
+
+// The image kept for the forks that follow is closed once none has come for
+// the reuse window (2 s), at an allocation's slow path.
+TEST(Arena, AnIdleForkImageIsReleased) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    auto* p = static_cast<unsigned char*>(arena::alloc(4 * kMiB));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 3, 4 * kMiB);
+    auto images = [] {
+      int n = 0;
+      char link[256];
+      for (int fd = 0; fd < 1024; ++fd) {
+        const std::string path = "/proc/self/fd/" + std::to_string(fd);
+        const ssize_t len = readlink(path.c_str(), link, sizeof link - 1);
+        if (len <= 0) continue;
+        link[len] = 0;
+        n += std::strstr(link, "mnemosyne-fork") != nullptr;
+      }
+      return n;
+    };
+    arena::prepare_fork();
+    const pid_t pid = fork();
+    if (pid == 0) _exit(arena::child_after_fork() && images() == 0 ? 0 : 10);
+    arena::parent_after_fork();
+    expect_child_passed(pid);
+    EXPECT_EQ(images(), 1) << "the image is not kept for the next fork";
+    std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+    std::vector<void*> small;
+    for (int i = 0; i < 20000 && images() != 0; ++i) small.push_back(arena::alloc(64));
+    EXPECT_EQ(images(), 0) << "the idle image is still open";
+    for (void* q : small) arena::free(q, owner_tag(q));
+    arena::free(p, owner_tag(p));
+  });
+}
+
 // From here on, madvise(MADV_DONTFORK) fails with EINVAL in this process (a
 // seccomp filter), as on a kernel that refuses it for a mapping.
 bool refuse_dont_fork() {
