@@ -174,7 +174,7 @@ bool child_after_fork() noexcept;
 // Closes the image kept for the children of forks that follow each other
 // once no fork has come for the reuse window (fork_copy.cpp); the children
 // that map it keep it. From mimalloc's heartbeat (the allocation slow path):
-// cheap when there is nothing to release.
+// cheap when there is nothing to release. Linux only.
 void release_idle_fork_image() noexcept;
 // For a fault handler in the child, before child_after_fork ran: whether
 // `addr` lies in a segment whose copy could not be made (reserved without
