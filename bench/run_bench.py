@@ -14,6 +14,7 @@ not. Writes bench/results/results.csv, results.md and ratios.png.
 import argparse
 import csv
 import datetime
+import json
 import os
 import platform
 import re
@@ -189,6 +190,31 @@ def fork_costs(allocs, base_env, build, runs, quick):
         line = "  ".join(f"{r['allocator']} {r['fork_ms']:.1f} ms" for r in rows
                          if r["shape"] == shape)
         print(f"fork ({shape}, {mib} MiB): {line}", flush=True)
+    return {"calls": rows, "workers": fork_workers(configs, base_env, quick)}
+
+
+def fork_workers(configs, base_env, quick):
+    """A pool of workers forked from a big heap (bench/fork_workers.py): the
+    time of the fork() calls together, and the memory the machine loses
+    while the workers live. One run each: a run takes tens of seconds."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_workers.py")
+    mib, workers = (256, 4) if quick else (1600, 8)
+    rows = []
+    for name, extra in configs:
+        if name in ("mimalloc", "mnemosyne-host"):
+            continue  # the kernel's copy-on-write, as glibc's
+        p = subprocess.run([sys.executable, script, "--mib", str(mib), "--workers", str(workers)],
+                           env={**base_env, **extra}, capture_output=True, text=True, timeout=900)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            r = {"ok": False}
+        if p.returncode != 0 or not r.get("ok"):
+            print(f"bench: fork_workers under {name} failed: {p.stderr[-300:]}")
+            continue
+        rows.append({"allocator": name, **r})
+    line = "  ".join(f"{r['allocator']} {r['forks_s']:.2f} s, {r['lost_mib']} MiB" for r in rows)
+    print(f"fork workers ({workers} of {mib} MiB): {line}", flush=True)
     return rows
 
 
@@ -441,14 +467,29 @@ def ratio(rows, name, alloc, key):
 
 
 def fork_section(forks):
-    """The fork table, in Markdown lines; also written alone to fork.md."""
+    """The fork tables, in Markdown lines; also written alone to fork.md."""
+    calls = forks["calls"]
     md = ["## fork() with a live heap", "",
-          f"bench/fork_cost: median time of the fork() call in the parent, {forks[0]['live_mib']} "
-          "MiB of live heap: 64 KiB blocks (large) or 16-256 byte objects with holes (small).", "",
+          f"bench/fork_cost: median time of the fork() call in the parent, {calls[0]['live_mib']} "
+          "MiB of live heap: 64 KiB blocks (large) or 16-256 byte objects with holes (small); "
+          "the forks follow each other, so from the second on a CUDA backend's child shares the "
+          "first one's image of the heap.", "",
           "| heap | allocator | fork() | per GiB of live heap |", "|---|---|---|---|"]
-    for r in forks:
+    for r in calls:
         md.append(f"| {r['shape']} | {r['allocator']} | {r['fork_ms']:.1f} ms | "
                   f"{r['s_per_gib']:.3f} s |")
+    workers = forks["workers"]
+    if workers:
+        w = workers[0]
+        md += ["", "## Forked workers over a big heap", "",
+               f"bench/fork_workers.py: a Python parent holding {w['heap_mib']} MiB (8 MiB "
+               f"buffers and short strings) forks {w['workers']} workers one after the other; each "
+               "reads the whole heap and stays alive until the parent has measured. One run.", "",
+               "| allocator | the fork() calls | slowest fork | memory the machine loses while "
+               "they live |", "|---|---|---|---|"]
+        for r in workers:
+            md.append(f"| {r['allocator']} | {r['forks_s']:.2f} s | {max(r['each_s']):.2f} s | "
+                      f"{r['lost_mib']:,} MiB |")
     return md + [""]
 
 
@@ -457,11 +498,12 @@ def write_forks(out, forks, runs):
     with open(os.path.join(out, "fork.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["shape", "allocator", "live_mib", "fork_ms", "s_per_gib"])
         w.writeheader()
-        for r in forks:
+        for r in forks["calls"]:
             w.writerow({**r, "fork_ms": f"{r['fork_ms']:.2f}", "s_per_gib": f"{r['s_per_gib']:.4f}"})
     today = datetime.date.today().isoformat()
     head = [f"# fork() cost, {today}", "",
-            f"Machine: {machine_line()}. Median of {runs} interleaved runs of 5 forks each.", ""]
+            f"Machine: {machine_line()}. Median of {runs} interleaved runs of 5 forks each "
+            "(fork_cost).", ""]
     with open(os.path.join(out, "fork.md"), "w") as f:
         f.write("\n".join(head + fork_section(forks)))
 

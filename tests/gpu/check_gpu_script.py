@@ -159,6 +159,11 @@ try:
         expect(re.search(r"\| concat \| vmm \| peak \d+ MiB for \d+ MiB live \([0-9.]+x\), after the "
                          r"quiet phase \d+ MiB for \d+ MiB live[^|]* \(exit 0\) \|", growth),
                "the growth corpus runs on the driver", growth)
+        workers = growth.split("### Forked workers", 1)[-1]
+        rows = re.findall(r"^\| (glibc|unified|device|pinned\+vmm) \| [0-9.]+ \([0-9., ]+\) \| -?\d+ "
+                          r"\| every worker read its heap right \(exit 0\) \|$", workers, re.M)
+        expect(rows == ["glibc", "unified", "device", "pinned+vmm"],
+               "forked workers read their heap on every backend", workers)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 

@@ -1449,7 +1449,7 @@ TEST(Arena, ForksThatFollowEachOtherShareOneImage) {
 TEST(Arena, AForkWhoseChangesAreScatteredMakesANewImage) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
-    constexpr std::size_t kSize = 96 * kMiB;  // 24,576 pages: 12,288 changed runs
+    constexpr std::size_t kSize = 72 * kMiB;  // 18,432 pages: 9,216 changed runs
     auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
     ASSERT_NE(p, nullptr);
     std::memset(p, 1, kSize);
