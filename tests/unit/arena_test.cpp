@@ -1448,6 +1448,10 @@ TEST(Arena, ForksThatFollowEachOtherShareOneImage) {
 // and the child reads every page right.
 TEST(Arena, AForkWhoseChangesAreScatteredMakesANewImage) {
   IN_FRESH_PROCESS({
+    if (under_valgrind()) {  // 72 MiB compared and checked page by page: minutes there
+      std::fprintf(stderr, "not run under valgrind: too slow there\n");
+      std::exit(0);
+    }
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
     constexpr std::size_t kSize = 72 * kMiB;  // 18,432 pages: 9,216 changed runs
     auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
