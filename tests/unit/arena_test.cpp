@@ -83,6 +83,24 @@ bool under_valgrind() {
   return preload != nullptr && std::strstr(preload, "vgpreload") != nullptr;
 }
 
+// In a fresh process: ends it passing under valgrind, which cannot map the
+// double's vmm memory; elsewhere nothing.
+void skip_vmm_under_valgrind() {
+  if (under_valgrind()) {
+    std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
+    std::exit(0);
+  }
+}
+
+// The pinned backend committing through `route` (MNEMOSYNE_PIN=granule or
+// vmm).
+arena::Config pinned_config(PinnedCommit route) {
+  arena::Config cfg = config(BackendId::pinned);
+  cfg.pin_granules = true;
+  set_pinned_commit(route);
+  return cfg;
+}
+
 bool start_arena(const arena::Config& cfg, arena::StartReport* report = nullptr) {
   arena::StartReport local;
   return arena::start(cfg, report != nullptr ? report : &local);
@@ -761,10 +779,7 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
       std::exit(0);
     }
     test::set_env("FAKECUDA_DIRTY", "1");
-    arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
-    set_pinned_commit(PinnedCommit::vmm);  // MNEMOSYNE_PIN=vmm
-    ASSERT_TRUE(start_arena(cfg));
+    ASSERT_TRUE(start_arena(pinned_config(PinnedCommit::vmm)));
     constexpr int kThreads = 64;
     void* blocks[kThreads] = {};
     HoldingThreads threads(blocks, kThreads);
@@ -825,14 +840,8 @@ TEST(Arena, PinnedVmmArenasMapOnlyWhatIsCommitted) {
 // buffer made mimalloc try (gigabytes, never given back: issue 35).
 TEST(Arena, PinnedVmmBacksTheCommitTriedFirstAndOnlyBacksIt) {
   IN_FRESH_PROCESS({
-    if (under_valgrind()) {
-      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
-      std::exit(0);
-    }
-    arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
-    set_pinned_commit(PinnedCommit::vmm);
-    ASSERT_TRUE(start_arena(cfg));
+    skip_vmm_under_valgrind();
+    ASSERT_TRUE(start_arena(pinned_config(PinnedCommit::vmm)));
     void* p = arena::alloc(64);
     ASSERT_NE(p, nullptr);
     ASSERT_NE(owner_tag(p) & kOwnerOnDemand, 0) << "not in granules";
@@ -883,15 +892,8 @@ TEST(Arena, PinnedVmmBacksTheCommitTriedFirstAndOnlyBacksIt) {
 // delay keeps only 64 MiB backed and unused for reuse.
 void expect_freed_huge_block_goes_back_early(PinnedCommit route) {
   IN_FRESH_PROCESS({
-    // valgrind cannot map the double's vmm allocations (see above).
-    if (route == PinnedCommit::vmm && under_valgrind()) {
-      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
-      std::exit(0);
-    }
-    arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
-    set_pinned_commit(route);
-    ASSERT_TRUE(start_arena(cfg));
+    if (route == PinnedCommit::vmm) skip_vmm_under_valgrind();
+    ASSERT_TRUE(start_arena(pinned_config(route)));
     constexpr std::size_t kSize = 256 * kMiB;
     auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
     ASSERT_NE(p, nullptr);
@@ -935,10 +937,7 @@ TEST(Arena, PinnedVmmGranulesOfAFreedHugeBlockGoBackEarly) {
 void expect_vmm_falls_back(const char* env, const char* value) {
   IN_FRESH_PROCESS({
     test::set_env(env, value);
-    arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
-    set_pinned_commit(PinnedCommit::vmm);
-    ASSERT_TRUE(start_arena(cfg));
+    ASSERT_TRUE(start_arena(pinned_config(PinnedCommit::vmm)));
     void* p = arena::alloc(64);
     ASSERT_NE(p, nullptr);
     EXPECT_EQ(owner_tag(p) & kOwnerOnDemand, 0);
@@ -1035,16 +1034,9 @@ TEST(Arena, ReallocKeepsContentsAcrossSegments) {
 // copy with every byte.
 void expect_realloc_grows_in_place(BackendId backend, std::size_t first, std::size_t last) {
   IN_FRESH_PROCESS({
-    if (backend == BackendId::pinned && under_valgrind()) {
-      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
-      std::exit(0);
-    }
-    arena::Config cfg = config(backend);
-    if (backend == BackendId::pinned) {
-      cfg.pin_granules = true;
-      set_pinned_commit(PinnedCommit::vmm);
-    }
-    ASSERT_TRUE(start_arena(cfg));
+    if (backend == BackendId::pinned) skip_vmm_under_valgrind();
+    ASSERT_TRUE(start_arena(backend == BackendId::pinned ? pinned_config(PinnedCommit::vmm)
+                                                         : config(backend)));
     auto pattern = [](std::size_t i) { return static_cast<unsigned char>(i * 7 + i / 4096); };
     auto* p = static_cast<unsigned char*>(arena::alloc(kMiB));
     ASSERT_NE(p, nullptr);
@@ -1115,14 +1107,8 @@ TEST(Arena, ReallocGrowsInPlaceInPinnedReservations) {
 // room that found no slot was pinned whole: 1 GiB locked for a 5 MiB block.)
 TEST(Arena, PinnedGrowableBlocksBeyondTheReservationTable) {
   IN_FRESH_PROCESS({
-    if (under_valgrind()) {
-      std::fprintf(stderr, "not run under valgrind: it cannot map the double's vmm memory\n");
-      std::exit(0);
-    }
-    arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
-    set_pinned_commit(PinnedCommit::vmm);
-    ASSERT_TRUE(start_arena(cfg));
+    skip_vmm_under_valgrind();
+    ASSERT_TRUE(start_arena(pinned_config(PinnedCommit::vmm)));
     constexpr int kBlocks = 160;  // more than the table's 128 slots
     std::vector<unsigned char*> blocks;
     int in_place = 0;
