@@ -346,7 +346,7 @@ constinit unsigned char g_base_pages[kCompareBytes];        // prepare_fork's
 constinit unsigned char g_early_base_pages[kCompareBytes];  // copy_early's
 
 bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
-  return s.early != nullptr && (s.early[page_index / 64] >> (page_index % 64) & 1) != 0;
+  return s.early != nullptr && bit(s.early, page_index);
 }
 
 void write_pages(Pass& pass, const unsigned char* at, const unsigned char* src,
@@ -430,9 +430,7 @@ void early_copy(Pass& pass, std::size_t first, std::size_t count) noexcept {
         put(pass, base + (at + i) * page, pass.bounce + i * page, (j - i) * page);
         i = j;
       }
-      for (std::size_t i = 0; i < n; ++i) {
-        s.early[(at + i) / 64] |= std::uint64_t{1} << ((at + i) % 64);
-      }
+      for (std::size_t i = 0; i < n; ++i) set_bit(s.early, at + i, true);
     }
     done += n;
   }
