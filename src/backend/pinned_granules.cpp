@@ -451,12 +451,15 @@ std::size_t granule_count(const Reservation& r) noexcept {
 // marking (a commit about to back granules makes room first).
 bool give_back_pass(bool excess_only) noexcept {
   bool marked = false;
-  std::int64_t excess = unused_bytes() - kKeepUnused;
   TableGuard guard;
   for (Reservation& r : g_reservations) {
     if (r.base.load(std::memory_order_acquire) <= 1) continue;
     const std::size_t count = granule_count(r);
     for (std::size_t i = 0; i < count; ++i) {
+      // Read afresh at each granule: a free decommitting beside the pass
+      // makes more unused as it goes, and what lies beyond kKeepUnused goes
+      // back in this pass, not after the delay.
+      const std::int64_t excess = unused_bytes() - kKeepUnused;
       if (excess_only && excess <= 0) return false;
       std::atomic<Word>& w = r.granules[i];
       Word s = w.load(std::memory_order_acquire);
@@ -485,10 +488,7 @@ bool give_back_pass(bool excess_only) noexcept {
       // mimalloc's own decommit would (a registration later locks fresh
       // pages). An unmapped vmm granule went back to the driver whole.
       if (ok && !r.vmm) Os::discard_pages(reinterpret_cast<void*>(start), size);
-      if (ok) {
-        if (excess > 0) g_given_back_early.fetch_add(size, std::memory_order_relaxed);
-        excess -= static_cast<std::int64_t>(size);
-      }
+      if (ok && excess > 0) g_given_back_early.fetch_add(size, std::memory_order_relaxed);
       w.store(ok ? 0 : (kBacked | kKept), std::memory_order_release);
     }
   }
