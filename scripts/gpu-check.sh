@@ -435,7 +435,7 @@ done
 say ""
 say "Steps: allocated, reset, read-old-block, freed-old-blocks, new-malloc-works; exit 139 is SIGSEGV."
 say "+own: MNEMOSYNE_CONTEXT=own, the heap in a context of mnemosyne's, which the reset should spare."
-say "pinned+vmm: what the reset does to granules of the virtual-memory API is documented nowhere (the README assumes it destroys them)."
+say "pinned+vmm: what the reset does to granules of the virtual-memory API is documented nowhere (docs/limits.md assumes it destroys them)."
 say ""
 
 # ---------------------------------------------------------------- 6. throughput

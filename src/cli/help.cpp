@@ -159,7 +159,7 @@ std::string top_help() {
       "    mnemosyne run --backend=device --device=1 -- ./simulate input.dat\n"
       "    mnemosyne run --stats-file=/tmp/run.%p.json -- python3 train.py\n"
       "    mnemosyne stats /tmp/run.*.json --plot usage.png\n";
-  out += "\nSEE ALSO\n    README.md and docs/stats-schema.md in mnemosyne's sources.\n";
+  out += "\nSEE ALSO\n    README.md and docs/ in mnemosyne's sources.\n";
   return out;
 }
 

@@ -169,7 +169,7 @@ pid_t (*g_handler_fork)() = &fork;
 
 // A _Fork() child may only call async-signal-safe functions: it exits at
 // once (a _Fork made while another thread's fork has not copied the heap
-// yet gives a child without its parent's heap, see the README's Fork).
+// yet gives a child without its parent's heap, see docs/fork.md).
 bool g_handler_child_checks = true;
 
 void fork_in_handler(int) {

@@ -1053,10 +1053,10 @@ def case_own_context(tmp, backend):
     # pinned arenas from cuMemHostAlloc) and the exit's frees crash. Under
     # pinned with MNEMOSYNE_PIN=granule the arenas are the process's own
     # memory, registered with the driver: the reset unregisters them and the
-    # program goes on. Both are the README's limit; if either changes, say so
-    # there. What a reset does to the granules of PIN=vmm (pinned's default)
+    # program goes on. Both are docs/limits.md's limit; if either changes, say
+    # so there. What a reset does to the granules of PIN=vmm (pinned's default)
     # is not known (not measured on hardware, not modelled by the double):
-    # the README says to assume it destroys them.
+    # docs/limits.md says to assume it destroys them.
     for extra in (ARENAS, GRANULES) if backend == "pinned" else ({},):
         reset_default_context(tmp, backend, cmd, extra)
 
@@ -1071,7 +1071,7 @@ def reset_default_context(tmp, backend, cmd, extra):
         expect([e for e in events if e["event"] == "ctx-free"],
                "the reset should have dropped the heap's registrations")
     else:
-        expect(r.returncode != 0, "the primary context's heap survived a reset: update README")
+        expect(r.returncode != 0, "the primary context's heap survived a reset: update docs/limits.md")
 
 
 def one_warning(mine, needle):
@@ -1744,7 +1744,7 @@ def give_back_arenas(tmp, backend):
     the first one excepted. A C program that keeps nothing across its
     phases gets back all but that one; python3 keeps a few blocks it made
     during the phase (its dictionaries grow), each of which keeps its whole
-    arena (README, Limits): some arenas go back, not all, and what the free
+    arena (docs/limits.md): some arenas go back, not all, and what the free
     blocks of the others held is discarded (its resident memory drops)."""
     run = Run(tmp, backend, True)
     r = run([PROMISE_PROBE, "phases", "1024", "2048"])

@@ -107,9 +107,9 @@ def patterns():
     }
 
 
-# Cells over a bound for a reason the README's Limits section gives: their
+# Cells over a bound for a reason docs/limits.md gives: their
 # test requires them over it (and fails once one is within, to be taken off
-# this list and the README), and checks everything else as for the others.
+# this list and docs/limits.md), and checks everything else as for the others.
 GRANULE_PER_PAGE = ("after the burst, every 2 MiB granule that holds a page with a kept block "
                     "stays backed (glibc keeps 4 KiB pages)")
 MANAGED_SPANS = ("managed memory mimalloc frees inside a segment still in use stays resident: "
@@ -270,10 +270,10 @@ def main():
     if known is not None:
         over = [p for p in problems if "over" in p]
         for p in over:
-            print(f"over, as the README says ({known}): {p}")
+            print(f"over, as docs/limits.md says ({known}): {p}")
         problems = [p for p in problems if p not in over]
         if not over:
-            problems.append("within the bounds now: take it off KNOWN_OVER and the README's limits")
+            problems.append("within the bounds now: take it off KNOWN_OVER and docs/limits.md")
     for p in problems:
         print(f"FAIL growth [{pattern}, {mode}]: {p}")
     return 1 if problems else 0
