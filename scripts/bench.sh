@@ -8,7 +8,10 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 scripts/setup.sh >/dev/null
-[ -f build/build.ninja ] || meson setup build >/dev/null
+# -Dtests=true: the benchmarks and the test double are built with the tests
+# (build/ may have been made by scripts/mnemosyne's first use, without them).
+if [ -f build/build.ninja ]; then meson setup --reconfigure build -Dtests=true >/dev/null
+else meson setup build >/dev/null; fi
 ninja -C build bench/workloads bench/fork_cost bench/libnaive-interposer.so interpose/libmnemosyne.so \
   tests/fakecuda/libfakecuda.so >/dev/null
 # The windows table, where the mingw build is configured (scripts/test.sh

@@ -2,7 +2,17 @@
 # Installs everything mnemosyne's build and tests need on a Debian 12 machine,
 # and fetches Debian's mimalloc source package for the private static copy.
 # Idempotent: installs only what is missing, fetches only when absent.
+# Usage: scripts/setup.sh [--build]
+#   --build: only what building the library and the launcher needs (what
+#   scripts/mnemosyne runs on first use); the test toolchain is for
+#   scripts/test.sh, which runs this without it.
 set -euo pipefail
+build_only=0
+case "${1:-}" in
+  "") ;;
+  --build) build_only=1 ;;
+  *) echo "usage: scripts/setup.sh [--build]" >&2; exit 2 ;;
+esac
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { printf 'setup: %s\n' "$*"; }
@@ -13,8 +23,7 @@ as_root() {
   fi
 }
 
-# Build: compilers, meson, GoogleTest, nlohmann-json (the launcher). Tests:
-# the unmodified programs the end-to-end tests run under the interposer
+# Tests: GoogleTest; the unmodified programs the end-to-end tests run under the interposer
 # (python3, gcc, git, sort, xz, gdb, OpenMPI's mpirun), clang with libFuzzer
 # and the sanitizer runtimes, valgrind. Windows: the mingw-w64 cross
 # compilers (posix threads: the win32 model lacks std::mutex) and wine, which
@@ -23,16 +32,20 @@ as_root() {
 # Signals (tests/e2e, case signals): catatonit reads them from a signalfd,
 # dumb-init with sigwait. A forking database server and a JVM launching
 # children (cases postgres, jvm-launch): PostgreSQL 15 and OpenJDK 17.
+# The library and the launcher: compilers, meson, nlohmann-json, and xz to
+# unpack mimalloc's source.
+build_packages=(build-essential g++ gcc meson ninja-build pkg-config nlohmann-json3-dev xz-utils)
 packages=(
-  build-essential g++ gcc meson ninja-build pkg-config
-  libgtest-dev googletest nlohmann-json3-dev
-  python3 python3-matplotlib git xz-utils coreutils
+  "${build_packages[@]}"
+  libgtest-dev googletest
+  python3 python3-matplotlib git coreutils
   clang-format clang libclang-rt-14-dev valgrind
   gdb openmpi-bin libopenmpi-dev catatonit dumb-init postgresql-15 openjdk-17-jdk-headless
   g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix mingw-w64-x86-64-dev wine wine64
   libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time
 )
 
+if [ $build_only -eq 1 ]; then packages=("${build_packages[@]}"); fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
