@@ -135,8 +135,10 @@ fi
 
 if [ $quick -eq 0 ]; then
   phase "== unit tests under AddressSanitizer + UndefinedBehaviorSanitizer"
+  # No ninja here: meson test builds what the chosen tests need (the unit
+  # tests, the launcher, the double), not the probes, workloads and Windows
+  # parts only the release suite runs.
   configure build-asan -Dbuildtype=debug -Db_sanitize=address,undefined -Db_lundef=false
-  ninja -C build-asan
   # Sanitizers make the tests several times slower (TSan's shadow memory
   # for arena_test's 1.1 GiB zeroed block alone: 30 s on 2 cores): their
   # time limits scale, as valgrind's do below; no check changes.
@@ -148,7 +150,6 @@ if [ $quick -eq 0 ]; then
     run_suite build-asan cli-info cli-help cli-stats || status=1
   phase "== registry, loader and arena tests under ThreadSanitizer"
   configure build-tsan -Dbuildtype=debug -Db_sanitize=thread -Db_lundef=false
-  ninja -C build-tsan
   TSAN_OPTIONS="halt_on_error=1 allocator_may_return_null=1 suppressions=$root/tests/unit/tsan.supp" \
     run_suite build-tsan --suite tsan --timeout-multiplier 3 || status=1
 fi
