@@ -48,18 +48,44 @@ class Wine:
             print(f"# fresh WINEPREFIX in {time.monotonic() - start:.1f} s", flush=True)
 
     def run(self, argv, extra_env=None, timeout=180):
+        """(exit status, stdout, stderr) of `wine argv`. A program still
+        running after `timeout` seconds is killed and its status is the
+        string "timeout after N s", which every case's status check reports
+        with whatever the program had printed by then."""
         env = dict(self.env)
         env.update(extra_env or {})
-        p = subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
+        p = self._run(argv, env, timeout)
+        if isinstance(p, tuple):
+            return p
         err, lost = wine_own_lines_out(p.stderr)
         if lost and p.returncode != 0:
             # wine's client lost its wineserver: the program did not run to
             # its end, whatever it would have done. Made again, once, said.
             print(f"# {os.path.basename(argv[0])} lost its wineserver (rc={p.returncode}): "
                   "running it again", flush=True)
-            p = subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
+            p = self._run(argv, env, timeout)
+            if isinstance(p, tuple):
+                return p
             err, _ = wine_own_lines_out(p.stderr)
         return p.returncode, p.stdout.decode(errors="replace"), err
+
+    @staticmethod
+    def _run(argv, env, timeout):
+        try:
+            return subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            # Said here, with what it printed and the Windows processes still
+            # alive (which of a tree hung), not as a bare traceback.
+            out = (e.stdout or b"").decode(errors="replace")
+            err = (e.stderr or b"").decode(errors="replace")
+            alive = subprocess.run(["ps", "-eo", "pid,ppid,etimes,args"], capture_output=True,
+                                   text=True).stdout.splitlines()
+            alive = [l.strip() for l in alive if ".exe" in l and "system32" not in l
+                     and l.split()[0] != str(os.getpid())]
+            print(f"# {os.path.basename(argv[0])} did not end in {timeout} s and was killed; "
+                  f"stdout {out[-800:]!r}, stderr {err[-800:]!r}; Windows processes left: "
+                  f"{alive[:10]}", flush=True)
+            return (f"timeout after {timeout} s", out, err)
 
 
 def wine_own_lines_out(stderr):
