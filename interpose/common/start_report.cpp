@@ -64,7 +64,7 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   const bool zero = fresh_memory_reads_zero(o, report.active, why, sizeof why);
   // Who clears what must be zero (calloc, mimalloc's metadata): the device
   // for managed memory (Backend::clear), the CPU otherwise.
-  const bool managed = is_cuda_backend(report.active) && report.active != BackendId::pinned;
+  const bool managed = is_managed_backend(report.active);
   std::snprintf(line, sizeof line, "mnemosyne: fresh %s memory reads zero: %s (%s)%s",
                 backend_name(report.active), zero ? "yes" : "no", why,
                 zero      ? ""
@@ -79,12 +79,10 @@ bool fresh_memory_reads_zero(const config::Options& o, BackendId backend, char* 
   // evidence is said here.
   if (o.zeroed != config::Zeroed::automatic) {
     std::snprintf(why, len, "MNEMOSYNE_ZEROED=%s", o.zeroed == config::Zeroed::yes ? "yes" : "no");
-  } else if (backend == BackendId::host) {
-    std::snprintf(why, len, "anonymous memory from the system is zero-filled");
-  } else if (backend == BackendId::pinned) {
+  } else if (const BackendRow* row = backend_row(backend); row && row->zero_evidence) {
+    std::snprintf(why, len, "%s", row->zero_evidence);
+  } else {  // pinned: the nvidia module's setting
     Os::nvidia_zeroes_pinned_memory(why, len);
-  } else {
-    std::snprintf(why, len, "the driver documents managed memory as not cleared");
   }
   return arena::fresh_memory_reads_zero(backend);
 }
@@ -128,8 +126,9 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
   cfg.zeroed = o.zeroed == config::Zeroed::yes  ? arena::Zeroed::yes
                : o.zeroed == config::Zeroed::no ? arena::Zeroed::no
                                                 : arena::Zeroed::automatic;
-  cfg.pin_granules = o.pin != config::Pin::arena;
-  set_pinned_commit(o.pin == config::Pin::vmm ? PinnedCommit::vmm : PinnedCommit::registration);
+  cfg.pin = o.pin == config::Pin::vmm       ? PinnedCommit::vmm
+            : o.pin == config::Pin::granule ? PinnedCommit::registration
+                                            : PinnedCommit::whole;
   cfg.host = platform.host;
   cfg.warn = platform.warn;
 

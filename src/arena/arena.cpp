@@ -154,8 +154,13 @@ void tag_arena(const Segment& seg, std::uint8_t tag) noexcept {
 // 1 MiB granules: scripts/gpu-check.sh, "pinned copies"): pinned arenas are
 // locked whole unless the user trades that for the smaller footprint.
 bool arenas_reserve(BackendId backend) noexcept {
-  if (backend == BackendId::pinned && !g_state.cfg.pin_granules) return false;
-  return backend_commits_on_demand(backend);
+  return with_backend(backend, []<MemoryBackend B>() {
+    if constexpr (B::commits_on_demand) {
+      return B::reserves_arenas();
+    } else {
+      return false;
+    }
+  });
 }
 
 // Memory of the size of a retired arena (retire.cpp), from a backend whose
@@ -500,6 +505,7 @@ static int readable_hook(const void* start, std::size_t size) {
 
 bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.cfg = cfg;
+  set_pinned_commit(cfg.pin);
   g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
   // Every user byte comes from arenas this file adds; options a user could
   // set through MIMALLOC_* that would take OS memory behind the backend's

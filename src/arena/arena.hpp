@@ -16,6 +16,7 @@
 
 #include "arena/ownership_map.hpp"
 #include "backend/backend_id.hpp"
+#include "backend/backends.hpp"
 
 namespace mnemosyne::arena {
 
@@ -39,10 +40,9 @@ struct Config {
   std::size_t limit = 0;                              // cap on backend bytes; 0 = none
   Fallback fallback = Fallback::host;
   Zeroed zeroed = Zeroed::automatic;
-  // pinned: page-lock each arena whole (false) or only the granules
-  // mimalloc commits (true; MNEMOSYNE_PIN=granule or vmm, which route:
-  // set_pinned_commit).
-  bool pin_granules = false;
+  // pinned: page-lock each arena whole, or only the granules mimalloc
+  // commits, and by which route (MNEMOSYNE_PIN; set_pinned_commit).
+  PinnedCommit pin = PinnedCommit::whole;
   HostHeap host{};
   void (*warn)(const char* line) = nullptr;  // one line, no newline
 };

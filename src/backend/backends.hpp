@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <type_traits>
 
 #include "backend/memory_backend.hpp"
 #include "backend/registry.hpp"
@@ -42,47 +43,37 @@ struct ManagedMemory {
 // it is not asked again).
 bool discard_managed(BackendId id, void* ptr, std::size_t size) noexcept;
 
-// CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL).
-struct CudaUnified : ManagedMemory {
-  static constexpr BackendId kId = BackendId::unified;
-  static constexpr const char* kName = "unified";
-  static void* allocate(std::size_t size) noexcept;
-  static bool deallocate(void* ptr, std::size_t size) noexcept;
-  static void clear(void* ptr, std::size_t size) noexcept;
-  static AllocationRegistry& registry() noexcept;
+namespace detail {
+// The managed backends' calls (cuda_backends.cpp), by id: the registry, the
+// counters and the advice are the id's (kBackends' prefers_device).
+void* managed_allocate(BackendId id, std::size_t size) noexcept;
+bool managed_deallocate(BackendId id, void* ptr, std::size_t size) noexcept;
+void managed_clear(BackendId id, void* ptr, std::size_t size) noexcept;
+AllocationRegistry& cuda_registry(BackendId id) noexcept;
+}  // namespace detail
+
+// CUDA managed memory, cuMemAllocManaged(..., CU_MEM_ATTACH_GLOBAL), one type
+// per managed row of kBackends. Those that prefer a device are advised to
+// (cuMemAdvise_v2 SET_PREFERRED_LOCATION, CU_MEM_LOCATION_TYPE_DEVICE); a
+// failed advice leaves the allocation valid and is counted. Each has its
+// own registry and counters.
+template <BackendId Id>
+struct CudaManaged : ManagedMemory {
+  static_assert(is_managed_backend(Id));
+  static constexpr BackendId kId = Id;
+  static constexpr const char* kName = backend_name(Id);
+  static void* allocate(std::size_t size) noexcept { return detail::managed_allocate(Id, size); }
+  static bool deallocate(void* ptr, std::size_t size) noexcept {
+    return detail::managed_deallocate(Id, ptr, size);
+  }
+  static void clear(void* ptr, std::size_t size) noexcept { detail::managed_clear(Id, ptr, size); }
+  static AllocationRegistry& registry() noexcept { return detail::cuda_registry(Id); }
 };
 
-// Managed memory advised to prefer the configured device
-// (cuMemAdvise_v2 SET_PREFERRED_LOCATION, CU_MEM_LOCATION_TYPE_DEVICE).
-// A failed advice leaves the allocation valid and is counted.
-struct CudaDevice : ManagedMemory {
-  static constexpr BackendId kId = BackendId::device;
-  static constexpr const char* kName = "device";
-  static void* allocate(std::size_t size) noexcept;
-  static bool deallocate(void* ptr, std::size_t size) noexcept;
-  static void clear(void* ptr, std::size_t size) noexcept;
-  static AllocationRegistry& registry() noexcept;
-};
-
-// Device semantics under distinct pool identities: same driver operation as
-// CudaDevice, their own registry and counters. No claim of physical placement.
-struct CudaHbm : ManagedMemory {
-  static constexpr BackendId kId = BackendId::hbm;
-  static constexpr const char* kName = "hbm";
-  static void* allocate(std::size_t size) noexcept;
-  static bool deallocate(void* ptr, std::size_t size) noexcept;
-  static void clear(void* ptr, std::size_t size) noexcept;
-  static AllocationRegistry& registry() noexcept;
-};
-
-struct CudaGddr : ManagedMemory {
-  static constexpr BackendId kId = BackendId::gddr;
-  static constexpr const char* kName = "gddr";
-  static void* allocate(std::size_t size) noexcept;
-  static bool deallocate(void* ptr, std::size_t size) noexcept;
-  static void clear(void* ptr, std::size_t size) noexcept;
-  static AllocationRegistry& registry() noexcept;
-};
+using CudaUnified = CudaManaged<BackendId::unified>;
+using CudaDevice = CudaManaged<BackendId::device>;
+using CudaHbm = CudaManaged<BackendId::hbm>;
+using CudaGddr = CudaManaged<BackendId::gddr>;
 
 // Memory the CPU reads in place: a plain copy reads it without moving it.
 struct CpuMemory {
@@ -90,13 +81,15 @@ struct CpuMemory {
   static bool copy_out(void* dst, const void* src, std::size_t size) noexcept;
 };
 
-// How a pinned reservation backs what is committed (pinned_granules.cpp):
-// registration, anonymous memory of our own registered with the driver
-// (cuMemHostRegister, DEVICEMAP | PORTABLE) one 1 MiB granule at a time
-// (MNEMOSYNE_PIN=granule); or vmm, host memory of the driver's
-// virtual-memory API (cuMemCreate, cuMemMap) one granule of the driver's
-// granularity at a time (MNEMOSYNE_PIN=vmm). Set before the first reserve().
-enum class PinnedCommit : unsigned char { registration, vmm };
+// How pinned arenas are backed (MNEMOSYNE_PIN; set before the first arena):
+// whole, each arena locked at once by cuMemHostAlloc, with no reservation
+// (MNEMOSYNE_PIN=arena); or reserved and backed where mimalloc commits
+// (pinned_granules.cpp) by registration, anonymous memory of our own
+// registered with the driver (cuMemHostRegister, DEVICEMAP | PORTABLE) one
+// 1 MiB granule at a time (MNEMOSYNE_PIN=granule), or by vmm, host memory of
+// the driver's virtual-memory API (cuMemCreate, cuMemMap) one granule of the
+// driver's granularity at a time (MNEMOSYNE_PIN=vmm).
+enum class PinnedCommit : unsigned char { whole, registration, vmm };
 void set_pinned_commit(PinnedCommit how) noexcept;
 PinnedCommit pinned_commit() noexcept;
 // Bytes of granules given back as excess: while more than the give-back
@@ -110,9 +103,11 @@ std::uint64_t pinned_bytes_given_back_early() noexcept;
 // (MADV_DONTFORK).
 struct CudaHostPinned : CpuMemory {
   static constexpr BackendId kId = BackendId::pinned;
-  static constexpr const char* kName = "pinned";
+  static constexpr const char* kName = backend_name(kId);
   static constexpr bool inherited_by_fork = false;
   static constexpr bool commits_on_demand = true;
+  // Not while arenas are locked whole (PinnedCommit::whole).
+  static bool reserves_arenas() noexcept { return pinned_commit() != PinnedCommit::whole; }
   // decommit() marks chunks; the give-back thread unregisters a granule
   // unused for a pass (pinned_granules.cpp).
   static constexpr bool defers_release = true;
@@ -146,13 +141,14 @@ struct CudaHostPinned : CpuMemory {
 // Anonymous private mmap, for machines without a driver.
 struct Host : CpuMemory {
   static constexpr BackendId kId = BackendId::host;
-  static constexpr const char* kName = "host";
+  static constexpr const char* kName = backend_name(kId);
   static constexpr bool inherited_by_fork = true;
   // The kernel backs pages where they are touched and takes back those
   // given up: a reservation is mapped memory (commit has nothing to do),
   // decommit hands the pages back (Os::discard_pages), as mimalloc does with
   // its own OS memory.
   static constexpr bool commits_on_demand = true;
+  static bool reserves_arenas() noexcept { return true; }
   // decommit() is a system call, as with mimalloc's own memory: mimalloc's
   // delay batches them.
   static constexpr bool defers_release = false;
@@ -174,34 +170,26 @@ struct Host : CpuMemory {
   static void hold_backing(bool) noexcept {}
 };
 
-static_assert(MemoryBackend<CudaUnified>);
-static_assert(MemoryBackend<CudaDevice>);
-static_assert(MemoryBackend<CudaHbm>);
-static_assert(MemoryBackend<CudaGddr>);
-static_assert(MemoryBackend<CudaHostPinned>);
-static_assert(MemoryBackend<Host>);
+// with_backend's fallback for `none` is the last row.
+static_assert(kBackends[std::size(kBackends) - 1].id == BackendId::host);
+
+// The type that implements backend `id`, from its row's kind of memory.
+template <BackendId Id>
+using BackendType = std::conditional_t<
+    backend_row(Id)->memory == MemoryKind::managed, CudaManaged<Id>,
+    std::conditional_t<backend_row(Id)->memory == MemoryKind::pinned, CudaHostPinned, Host>>;
 
 // Calls f.template operator()<B>() with the backend type for `id`: the
 // caller's code is instantiated once per backend, no virtual dispatch.
-// `id` must not be BackendId::none.
-template <class F>
+// `id` must not be BackendId::none (it gets Host, the last row).
+template <std::size_t Row = 0, class F>
 decltype(auto) with_backend(BackendId id, F&& f) {
-  switch (id) {
-    case BackendId::unified:
-      return f.template operator()<CudaUnified>();
-    case BackendId::device:
-      return f.template operator()<CudaDevice>();
-    case BackendId::hbm:
-      return f.template operator()<CudaHbm>();
-    case BackendId::gddr:
-      return f.template operator()<CudaGddr>();
-    case BackendId::pinned:
-      return f.template operator()<CudaHostPinned>();
-    case BackendId::host:
-    case BackendId::none:
-      break;
+  constexpr BackendId kRowId = kBackends[Row].id;
+  static_assert(MemoryBackend<BackendType<kRowId>>);
+  if constexpr (Row + 1 < std::size(kBackends)) {
+    if (id != kRowId) return with_backend<Row + 1>(id, static_cast<F&&>(f));
   }
-  return f.template operator()<Host>();
+  return f.template operator()<BackendType<kRowId>>();
 }
 
 // True when the driver loads, initializes and has the allocation entry points.

@@ -72,11 +72,11 @@ void describe_last_failure(BackendId id, char* out, std::size_t len) noexcept {
     std::snprintf(out, len, "mmap of %llu bytes (a reservation) failed: %s", size,
                   std::strerror(result));
   } else if (step == kAllocationFailed) {
-    if (id == BackendId::host) {
+    if (!is_cuda_backend(id)) {
       std::snprintf(out, len, "mmap of %llu bytes failed: %s", size, std::strerror(result));
     } else {
       std::snprintf(out, len, "%s of %llu bytes failed: %s",
-                    id == BackendId::pinned ? "cuMemHostAlloc" : "cuMemAllocManaged", size,
+                    is_managed_backend(id) ? "cuMemAllocManaged" : "cuMemHostAlloc", size,
                     cu_result_name(static_cast<CUresult>(result)));
     }
   }

@@ -1,6 +1,7 @@
-// The CUDA backends: one allocate/deallocate template over zero-size
-// strategy types (the raw driver calls, the registry, the counters' id),
-// instantiated per backend. No virtual dispatch, no fallback to host memory.
+// The CUDA backends: one allocate/deallocate template over the raw driver
+// calls of each kind of memory (managed, pinned), called with the backend's
+// id, whose row of kBackends says whether to advise a device and which
+// registry and counters it uses. No fallback to host memory.
 #include <atomic>
 #include <cstdint>
 
@@ -13,11 +14,8 @@
 namespace mnemosyne {
 namespace {
 
-constinit AllocationRegistry g_unified_registry;
-constinit AllocationRegistry g_device_registry;
-constinit AllocationRegistry g_hbm_registry;
-constinit AllocationRegistry g_gddr_registry;
-constinit AllocationRegistry g_pinned_registry;
+// One registry per backend id (none and host unused: untouched .bss).
+constinit AllocationRegistry g_registries[kBackendCount];
 
 CUdeviceptr to_device_ptr(const void* p) noexcept {
   return static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(p));
@@ -56,21 +54,6 @@ struct PinnedCalls {
   }
 };
 
-// Strategy: which calls, which registry, which counters, whether to advise
-// the device as preferred location.
-template <BackendId Id, class Calls, AllocationRegistry& Registry, bool Advise>
-struct CudaOps : Calls {
-  static constexpr BackendId kId = Id;
-  static constexpr bool kAdvise = Advise;
-  static AllocationRegistry& registry() noexcept { return Registry; }
-};
-
-using UnifiedOps = CudaOps<BackendId::unified, ManagedCalls, g_unified_registry, false>;
-using DeviceOps = CudaOps<BackendId::device, ManagedCalls, g_device_registry, true>;
-using HbmOps = CudaOps<BackendId::hbm, ManagedCalls, g_hbm_registry, true>;
-using GddrOps = CudaOps<BackendId::gddr, ManagedCalls, g_gddr_registry, true>;
-using PinnedOps = CudaOps<BackendId::pinned, PinnedCalls, g_pinned_registry, false>;
-
 // Best effort: a failed advice leaves the allocation valid.
 void advise_preferred_device(const DriverCall& call, void* ptr, std::size_t size,
                              BackendCounters& c) noexcept {
@@ -90,12 +73,14 @@ void advise_preferred_device(const DriverCall& call, void* ptr, std::size_t size
   }
 }
 
-// driver_api() -> DriverCall -> raw alloc -> registry insert -> advice.
-// A full registry releases the fresh allocation and returns nullptr.
-template <class Ops>
-void* cuda_allocate(std::size_t size) noexcept {
+// driver_api() -> DriverCall -> raw alloc -> registry insert -> advice
+// (the rows of kBackends that prefer a device). A full registry releases the
+// fresh allocation and returns nullptr.
+template <class Calls>
+void* cuda_allocate(BackendId id, std::size_t size) noexcept {
   if (size == 0 || driver_api() == nullptr) return nullptr;
-  BackendCounters& c = backend_counters(Ops::kId);
+  BackendCounters& c = backend_counters(id);
+  AllocationRegistry& registry = g_registries[static_cast<int>(id)];
   const std::uint64_t start = detail::monotonic_ns();
   void* ptr = nullptr;
   {
@@ -105,23 +90,24 @@ void* cuda_allocate(std::size_t size) noexcept {
       c.failed(kContextFailed, call.error(), size);
     } else {
       count_event(c.driver_calls);
-      const CUresult rc = Ops::raw_alloc(call.api(), size, &ptr);
+      const CUresult rc = Calls::raw_alloc(call.api(), size, &ptr);
       if (rc != CUDA_SUCCESS || ptr == nullptr) {
         count_event(c.driver_failures);
         c.failed(kAllocationFailed, rc, size);
         ptr = nullptr;
-      } else if (int err = 0; !Os::exclude_from_fork(ptr, size, &err) && Ops::kMustNotBeInherited) {
+      } else if (int err = 0;
+                 !Os::exclude_from_fork(ptr, size, &err) && Calls::kMustNotBeInherited) {
         c.failed(kInheritable, err, size);
         count_event(c.driver_calls);
-        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
+        if (Calls::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
         ptr = nullptr;
-      } else if (!Ops::registry().insert(ptr)) {
+      } else if (!registry.insert(ptr)) {
         count_event(c.registry_full);
         c.failed(kRegistryFull, 0, size);
         count_event(c.driver_calls);
-        if (Ops::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
+        if (Calls::raw_free(call.api(), ptr) != CUDA_SUCCESS) count_event(c.driver_failures);
         ptr = nullptr;
-      } else if constexpr (Ops::kAdvise) {
+      } else if (backend_row(id)->prefers_device) {
         advise_preferred_device(call, ptr, size, c);
       }
     }
@@ -133,12 +119,12 @@ void* cuda_allocate(std::size_t size) noexcept {
 
 // Registry erase first: a pointer this backend does not own is refused
 // without any driver call.
-template <class Ops>
-bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
-  if (!Ops::registry().erase(ptr)) return false;
+template <class Calls>
+bool cuda_deallocate(BackendId id, void* ptr, std::size_t size) noexcept {
+  if (!g_registries[static_cast<int>(id)].erase(ptr)) return false;
   // Without a usable driver (a forked child) the block cannot be released.
   if (driver_api() == nullptr) return false;
-  BackendCounters& c = backend_counters(Ops::kId);
+  BackendCounters& c = backend_counters(id);
   const std::uint64_t start = detail::monotonic_ns();
   bool released = false;
   {
@@ -147,7 +133,7 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
       count_event(c.driver_failures);
     } else {
       count_event(c.driver_calls);
-      released = Ops::raw_free(call.api(), ptr) == CUDA_SUCCESS;
+      released = Calls::raw_free(call.api(), ptr) == CUDA_SUCCESS;
       if (!released) count_event(c.driver_failures);
     }
   }
@@ -164,9 +150,8 @@ bool cuda_deallocate(void* ptr, std::size_t size) noexcept {
 // driver (none, or a forked child), a call from inside a driver call on this
 // thread (the driver is calling malloc: asking it again could deadlock),
 // entry points missing, or a call that failed.
-template <class Ops>
-void cuda_clear(void* ptr, std::size_t size) noexcept {
-  BackendCounters& c = backend_counters(Ops::kId);
+void cuda_clear(BackendId id, void* ptr, std::size_t size) noexcept {
+  BackendCounters& c = backend_counters(id);
   const DriverApi* api = driver_api();
   bool done = false;
   if (api != nullptr && !in_driver_call() && api->cuStreamCreate != nullptr &&
@@ -188,7 +173,7 @@ void cuda_clear(void* ptr, std::size_t size) noexcept {
   if (done) {
     count_event(c.bytes_cleared_on_device, size);
   } else {
-    detail::clear_on_cpu(Ops::kId, ptr, size);
+    detail::clear_on_cpu(id, ptr, size);
   }
 }
 
@@ -253,70 +238,33 @@ bool ManagedMemory::copy_out(void* dst, const void* src, std::size_t size) noexc
   return call.ok() && call.api().cuMemcpyDtoH(dst, to_device_ptr(src), size) == CUDA_SUCCESS;
 }
 
-void* CudaUnified::allocate(std::size_t size) noexcept {
-  return cuda_allocate<UnifiedOps>(size);
+namespace detail {
+void* managed_allocate(BackendId id, std::size_t size) noexcept {
+  return cuda_allocate<ManagedCalls>(id, size);
 }
-bool CudaUnified::deallocate(void* ptr, std::size_t size) noexcept {
-  return cuda_deallocate<UnifiedOps>(ptr, size);
+bool managed_deallocate(BackendId id, void* ptr, std::size_t size) noexcept {
+  return cuda_deallocate<ManagedCalls>(id, ptr, size);
 }
-void CudaUnified::clear(void* ptr, std::size_t size) noexcept {
-  cuda_clear<UnifiedOps>(ptr, size);
+void managed_clear(BackendId id, void* ptr, std::size_t size) noexcept {
+  cuda_clear(id, ptr, size);
 }
-AllocationRegistry& CudaUnified::registry() noexcept {
-  return UnifiedOps::registry();
+AllocationRegistry& cuda_registry(BackendId id) noexcept {
+  return g_registries[static_cast<int>(id)];
 }
-
-void* CudaDevice::allocate(std::size_t size) noexcept {
-  return cuda_allocate<DeviceOps>(size);
-}
-bool CudaDevice::deallocate(void* ptr, std::size_t size) noexcept {
-  return cuda_deallocate<DeviceOps>(ptr, size);
-}
-void CudaDevice::clear(void* ptr, std::size_t size) noexcept {
-  cuda_clear<DeviceOps>(ptr, size);
-}
-AllocationRegistry& CudaDevice::registry() noexcept {
-  return DeviceOps::registry();
-}
-
-void* CudaHbm::allocate(std::size_t size) noexcept {
-  return cuda_allocate<HbmOps>(size);
-}
-bool CudaHbm::deallocate(void* ptr, std::size_t size) noexcept {
-  return cuda_deallocate<HbmOps>(ptr, size);
-}
-void CudaHbm::clear(void* ptr, std::size_t size) noexcept {
-  cuda_clear<HbmOps>(ptr, size);
-}
-AllocationRegistry& CudaHbm::registry() noexcept {
-  return HbmOps::registry();
-}
-
-void* CudaGddr::allocate(std::size_t size) noexcept {
-  return cuda_allocate<GddrOps>(size);
-}
-bool CudaGddr::deallocate(void* ptr, std::size_t size) noexcept {
-  return cuda_deallocate<GddrOps>(ptr, size);
-}
-void CudaGddr::clear(void* ptr, std::size_t size) noexcept {
-  cuda_clear<GddrOps>(ptr, size);
-}
-AllocationRegistry& CudaGddr::registry() noexcept {
-  return GddrOps::registry();
-}
+}  // namespace detail
 
 void* CudaHostPinned::allocate(std::size_t size) noexcept {
-  return cuda_allocate<PinnedOps>(size);
+  return cuda_allocate<PinnedCalls>(kId, size);
 }
 bool CudaHostPinned::deallocate(void* ptr, std::size_t size) noexcept {
-  return cuda_deallocate<PinnedOps>(ptr, size);
+  return cuda_deallocate<PinnedCalls>(kId, ptr, size);
 }
 // Pinned memory is host RAM, resident already: the CPU clears it in place.
 void CudaHostPinned::clear(void* ptr, std::size_t size) noexcept {
   detail::clear_on_cpu(kId, ptr, size);
 }
 AllocationRegistry& CudaHostPinned::registry() noexcept {
-  return PinnedOps::registry();
+  return detail::cuda_registry(kId);
 }
 
 bool is_cuda_available() noexcept {

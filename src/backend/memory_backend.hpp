@@ -62,6 +62,10 @@ bool > &&
             // dropped, arena.cpp).
             std::same_as<std::remove_cv_t<decltype(B::commits_on_demand)>, bool> &&
     (!B::commits_on_demand || requires(std::size_t size, void* ptr) {
+      // Whether the arena reserves its arenas now (pinned: not while
+      // MNEMOSYNE_PIN=arena locks them whole); false: allocate() them.
+      { B::reserves_arenas() }
+      noexcept->std::same_as<bool>;
       { B::defers_release } -> std::same_as<const bool&>;
       { B::reserve(size) }
       noexcept->std::same_as<void*>;

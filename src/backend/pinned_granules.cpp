@@ -102,7 +102,7 @@ constexpr std::uint64_t kPassNs = 500'000'000;
 constexpr std::int64_t kKeepUnused = std::int64_t{64} << 20;
 constexpr unsigned kRegisterFlags = CU_MEMHOSTREGISTER_DEVICEMAP | CU_MEMHOSTREGISTER_PORTABLE;
 
-constinit std::atomic<PinnedCommit> g_route{PinnedCommit::registration};
+constinit std::atomic<PinnedCommit> g_route{PinnedCommit::whole};
 
 // One reservation. `base` is 0 for a free slot, 1 while a thread fills it.
 struct Reservation {

@@ -36,13 +36,11 @@ std::string lower(std::string_view s) {
 
 std::string backend_list() {
   std::string names;
-  for (int i = 1; i < kBackendCount; ++i) {
-    const auto id = static_cast<BackendId>(i);
-    if (id == BackendId::host) continue;
-    names += backend_name(id);
-    names += ", ";
+  for (const BackendRow& row : kBackends) {  // the driver's first, host last
+    if (!names.empty()) names += ", ";
+    names += row.name;
   }
-  return names + backend_name(BackendId::host);  // the one without a driver last
+  return names;
 }
 
 // Flag names that differ from the variable's name.

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "backend/backend_id.hpp"
 #include "cli/cli.hpp"
 #include "cli/flags.hpp"
 
@@ -61,6 +62,16 @@ std::string paragraphs(std::string_view text, std::size_t indent) {
 }
 
 // "  TERM" then its description on the following lines, indented further.
+// The backends' names, in kBackends' order: "unified, device, ..., host".
+std::string backend_names() {
+  std::string names;
+  for (const BackendRow& b : kBackends) {
+    if (!names.empty()) names += ", ";
+    names += b.name;
+  }
+  return names;
+}
+
 std::string item(std::string_view term, std::string_view description) {
   return "    " + std::string(term) + "\n" + wrap(description, 12);
 }
@@ -200,6 +211,8 @@ std::string run_help() {
   }
   out += item("-h, --help", "Print this help and exit.");
   out += item("--version", "Print the version and exit.");
+  out += "\nBACKENDS\n";
+  for (const BackendRow& b : kBackends) out += row(b.name, b.summary, 10);
   out += "\nENVIRONMENT\n";
   out += row("LD_PRELOAD", "libmnemosyne.so is prepended to it for COMMAND.", 14);
   out += row("MNEMOSYNE_*",
@@ -273,7 +286,9 @@ std::string info_help() {
       "      pageable_memory_access (bool)\n"
       "    pageable_memory_access_everywhere\n"
       "                         true when there is a device and every one reports it\n"
-      "    backends.<name>      for unified, device, hbm, gddr, pinned, host:\n"
+      "    backends.<name>      for " +
+      backend_names() +
+      ":\n"
       "      cuda (bool: uses the driver), works (bool: 2 MiB allocated and released)\n"
       "    ok                   true when a CUDA backend works (exit status 0)\n"
       "    reason               why none works; \"\" when ok\n";

@@ -19,11 +19,6 @@ namespace {
 
 constexpr std::string_view kCommand = "info";
 
-// The order the documentation lists the backends in: the driver's first.
-constexpr BackendId kOrder[] = {BackendId::unified, BackendId::device, BackendId::hbm,
-                                BackendId::gddr,    BackendId::pinned, BackendId::host};
-static_assert(sizeof kOrder / sizeof kOrder[0] == kBackendCount - 1);
-
 bool backend_works(BackendId id) {
   constexpr std::size_t kProbeSize = std::size_t{2} << 20;
   return with_backend(id, [&]<MemoryBackend B>() {
@@ -58,7 +53,8 @@ void gather(Report* r) {
     r->pageable_everywhere =
         r->pageable_everywhere && r->driver.devices[d].pageable_memory_access != 0;
   }
-  for (const BackendId id : kOrder) {
+  for (const BackendRow& row : kBackends) {  // the documentation's order
+    const BackendId id = row.id;
     const int i = static_cast<int>(id);
     r->works[i] = backend_works(id);
     r->ok = r->ok || (r->works[i] && is_cuda_backend(id));
@@ -99,7 +95,8 @@ void print_text(const Report& r) {
         "and the interposer is not needed for access\n");
   }
   std::printf("backends:\n");
-  for (const BackendId id : kOrder) {
+  for (const BackendRow& row : kBackends) {  // the documentation's order
+    const BackendId id = row.id;
     const int i = static_cast<int>(id);
     std::printf("  %-8s %s%s\n", backend_name(id), r.works[i] ? "works" : "cannot allocate",
                 is_cuda_backend(id) ? "" : " (host memory, no driver)");
@@ -125,7 +122,8 @@ void print_json(const Report& r) {
     });
   }
   Json backends = Json::object();
-  for (const BackendId id : kOrder) {
+  for (const BackendRow& row : kBackends) {  // the documentation's order
+    const BackendId id = row.id;
     const int i = static_cast<int>(id);
     backends[backend_name(id)] = {{"cuda", is_cuda_backend(id)}, {"works", r.works[i]}};
   }

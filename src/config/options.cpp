@@ -151,10 +151,6 @@ constexpr std::size_t kMinArenaSize = std::size_t{32} << 20;
 constexpr int kMaxDevice = 1023;
 constexpr int kShown = 80;  // most characters of a name or value a warning shows
 
-// The backends in the order the documentation and the warnings list them.
-constexpr BackendId kBackendChoices[] = {BackendId::unified, BackendId::device, BackendId::hbm,
-                                         BackendId::gddr,    BackendId::pinned, BackendId::host};
-
 // Writes the names of `items` (name_of(item)), separated by ", ", into
 // out[0, size); stops before an item that does not fit.
 template <typename Items, typename NameOf>
@@ -304,7 +300,7 @@ void Reader::apply(Row row, const Entry& e) noexcept {
       }
       if (!ok) {
         char names[128];
-        join(names, sizeof names, kBackendChoices, [](BackendId id) { return backend_name(id); });
+        join(names, sizeof names, kBackends, [](const BackendRow& row) { return row.name; });
         char what[160];
         std::snprintf(what, sizeof what, "a backend (%s)", names);
         invalid(row, e, what);

@@ -96,8 +96,7 @@ void skip_vmm_under_valgrind() {
 // vmm).
 arena::Config pinned_config(PinnedCommit route) {
   arena::Config cfg = config(BackendId::pinned);
-  cfg.pin_granules = true;
-  set_pinned_commit(route);
+  cfg.pin = route;
   return cfg;
 }
 
@@ -735,7 +734,7 @@ TEST(Arena, PinnedArenasLockOnlyWhatIsCommitted) {
   IN_FRESH_PROCESS({
     test::set_env("FAKECUDA_DIRTY", "1");  // reservations are ours: never dirty
     arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;  // MNEMOSYNE_PIN=granule
+    cfg.pin = PinnedCommit::registration;  // MNEMOSYNE_PIN=granule
     ASSERT_TRUE(start_arena(cfg));
     constexpr int kThreads = 64;
     void* blocks[kThreads] = {};
@@ -969,7 +968,7 @@ TEST(Arena, PinnedArenasAreTheDriversWhereRegisteredMemoryMovesAddress) {
   IN_FRESH_PROCESS({
     test::set_env("FAKECUDA_HOST_POINTER_REGISTERED", "0");
     arena::Config cfg = config(BackendId::pinned);
-    cfg.pin_granules = true;
+    cfg.pin = PinnedCommit::registration;
     ASSERT_TRUE(start_arena(cfg));
     void* p = arena::alloc(64);
     ASSERT_NE(p, nullptr);

@@ -100,6 +100,29 @@ TEST(BackendHost, Traits) {
   EXPECT_FALSE(CudaUnified::fresh_memory_zero()) << "documented as not cleared";
 }
 
+// Every row of the backends' table names a backend that parses back to it,
+// and with_backend reaches the type that implements that row's memory.
+TEST(BackendTable, EveryRowIsItsBackend) {
+  for (const BackendRow& row : kBackends) {
+    SCOPED_TRACE(row.name);
+    BackendId parsed = BackendId::none;
+    EXPECT_TRUE(parse_backend_name(row.name, &parsed));
+    EXPECT_EQ(parsed, row.id);
+    EXPECT_STREQ(backend_name(row.id), row.name);
+    EXPECT_EQ(is_cuda_backend(row.id), row.memory != MemoryKind::host);
+    with_backend(row.id, [&]<MemoryBackend B>() {
+      EXPECT_EQ(B::kId, row.id);
+      EXPECT_STREQ(B::kName, row.name);
+      EXPECT_EQ(B::data_off_cpu, row.memory == MemoryKind::managed);
+      EXPECT_EQ(B::inherited_by_fork, row.memory == MemoryKind::host);
+    });
+  }
+  BackendId id = BackendId::host;
+  EXPECT_FALSE(parse_backend_name("none", &id));
+  EXPECT_FALSE(parse_backend_name("Unified", &id)) << "the options lower-case names first";
+  EXPECT_EQ(id, BackendId::host);
+}
+
 #if !defined(_WIN32)
 // What the nvidia module says about zeroing pinned memory, from its params
 // file (MNEMOSYNE_TEST_NVIDIA_PARAMS stands in for /proc/driver/nvidia/params).
