@@ -1,7 +1,7 @@
-// The operating system below the backends: one struct of static functions
-// per OS (snmalloc's PAL idea), checked by one concept, chosen here once. The
-// code above never sees an #ifdef for loading the driver, mapping pages or
-// reading a setting.
+// The operating system below the backends: one struct of static functions,
+// declared once here and defined per OS in platform_<os>.cpp (snmalloc's PAL
+// idea), checked by one concept. The code above never sees an #ifdef for
+// loading the driver, mapping pages or reading a setting.
 #pragma once
 
 #include <atomic>
@@ -85,10 +85,16 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   { P::restore_signals(saved) } -> std::same_as<void>;
 };
 
-#if !defined(_WIN32)
-struct Linux {
+// The one declaration of the layer; platform_linux.cpp and
+// platform_windows.cpp each define it for their OS.
+struct System {
+#if defined(_WIN32)
+  struct SignalMask {};  // no signals
+  static constexpr const char* kDriverNames[] = {"nvcuda.dll"};
+#else
   using SignalMask = sigset_t;
   static constexpr const char* kDriverNames[] = {"libcuda.so.1", "libcuda.so"};
+#endif
   static void* open_library(const char* path, char* error, std::size_t len) noexcept;
   static void* find_symbol(void* library, const char* name) noexcept;
   static void* map_pages(std::size_t size, int* error) noexcept;
@@ -107,48 +113,16 @@ struct Linux {
   static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
                                std::uint64_t timeout_ns = kNoTimeout) noexcept;
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
-  static bool process_exiting() noexcept { return false; }
+  static bool process_exiting() noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };
-#else
-struct Windows {
-  struct SignalMask {};
-  static constexpr const char* kDriverNames[] = {"nvcuda.dll"};
-  static void* open_library(const char* path, char* error, std::size_t len) noexcept;
-  static void* find_symbol(void* library, const char* name) noexcept;
-  static void* map_pages(std::size_t size, int* error) noexcept;
-  static bool unmap_pages(void* ptr, std::size_t size) noexcept;
-  static std::size_t page_size() noexcept;
-  static const char* secure_env(const char* name) noexcept;
-  static void pause(std::size_t spins) noexcept;
-  static std::uint64_t monotonic_ns() noexcept;
-  static long process_id() noexcept;
-  static long thread_id() noexcept;
-  static std::uint64_t thread_cpu_ns(long tid) noexcept;
-  static int nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept;
-  static bool exclude_from_fork(void*, std::size_t, int*) noexcept { return true; }
-  static void sleep_ns(std::uint64_t ns) noexcept;
-  static bool discard_pages(void* ptr, std::size_t size) noexcept;
-  static void wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
-                               std::uint64_t timeout_ns = kNoTimeout) noexcept;
-  static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
-  static bool process_exiting() noexcept;
-  static bool start_thread(void (*fn)(void*), void* arg) noexcept;
-  static void block_async_signals(SignalMask*) noexcept {}
-  static void restore_signals(const SignalMask&) noexcept {}
-};
-#endif
 
 }  // namespace mnemosyne::platform
 
 namespace mnemosyne {
-#if defined(_WIN32)
-using Os = platform::Windows;
-#else
-using Os = platform::Linux;
-#endif
+using Os = platform::System;
 static_assert(platform::Layer<Os>);
 
 // RAII over Os::block_async_signals / restore_signals.

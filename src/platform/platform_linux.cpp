@@ -1,4 +1,4 @@
-// platform::Linux: dlopen, mmap, secure_getenv, signal masks.
+// platform::System on Linux: dlopen, mmap, secure_getenv, signal masks.
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -18,7 +18,7 @@
 
 namespace mnemosyne::platform {
 
-void* Linux::open_library(const char* path, char* error, std::size_t len) noexcept {
+void* System::open_library(const char* path, char* error, std::size_t len) noexcept {
   void* h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
     const char* why = dlerror();
@@ -27,31 +27,31 @@ void* Linux::open_library(const char* path, char* error, std::size_t len) noexce
   return h;
 }
 
-void* Linux::find_symbol(void* library, const char* name) noexcept {
+void* System::find_symbol(void* library, const char* name) noexcept {
   return dlsym(library, name);
 }
 
-void* Linux::map_pages(std::size_t size, int* error) noexcept {
+void* System::map_pages(std::size_t size, int* error) noexcept {
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p != MAP_FAILED) return p;
   *error = errno;
   return nullptr;
 }
 
-bool Linux::unmap_pages(void* ptr, std::size_t size) noexcept {
+bool System::unmap_pages(void* ptr, std::size_t size) noexcept {
   return munmap(ptr, size) == 0;
 }
 
 // glibc answers from the auxiliary vector it keeps: no system call.
-std::size_t Linux::page_size() noexcept {
+std::size_t System::page_size() noexcept {
   return static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
 }
 
-const char* Linux::secure_env(const char* name) noexcept {
+const char* System::secure_env(const char* name) noexcept {
   return secure_getenv(name);
 }
 
-void Linux::pause(std::size_t spins) noexcept {
+void System::pause(std::size_t spins) noexcept {
   if (spins < 64) {
     sched_yield();
   } else {
@@ -60,13 +60,13 @@ void Linux::pause(std::size_t spins) noexcept {
   }
 }
 
-void Linux::sleep_ns(std::uint64_t ns) noexcept {
+void System::sleep_ns(std::uint64_t ns) noexcept {
   struct timespec ts = {static_cast<time_t>(ns / 1000000000u), static_cast<long>(ns % 1000000000u)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
 }
 
-bool Linux::discard_pages(void* ptr, std::size_t size) noexcept {
+bool System::discard_pages(void* ptr, std::size_t size) noexcept {
   const int saved = errno;
   const bool ok = madvise(ptr, size, MADV_DONTNEED) == 0;
   errno = saved;
@@ -74,15 +74,15 @@ bool Linux::discard_pages(void* ptr, std::size_t size) noexcept {
 }
 
 // A private futex: the word is never shared with another process.
-void Linux::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
-                             std::uint64_t timeout_ns) noexcept {
+void System::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                              std::uint64_t timeout_ns) noexcept {
   struct timespec limit = {static_cast<time_t>(timeout_ns / 1000000000u),
                            static_cast<long>(timeout_ns % 1000000000u)};
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, seen,
           timeout_ns == kNoTimeout ? nullptr : &limit, nullptr, 0);
 }
 
-void Linux::wake_all(std::atomic<std::uint32_t>* word) noexcept {
+void System::wake_all(std::atomic<std::uint32_t>* word) noexcept {
   const int saved = errno;  // called from the program's own malloc and free
   syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, 0x7fffffff,
           nullptr, nullptr, 0);
@@ -96,13 +96,13 @@ struct ThreadStart {
 };
 void* thread_main(void* raw) {
   const ThreadStart start = *static_cast<ThreadStart*>(raw);
-  munmap(raw, Linux::page_size());
+  munmap(raw, System::page_size());
   start.fn(start.arg);
   return nullptr;
 }
 }  // namespace
 
-bool Linux::start_thread(void (*fn)(void*), void* arg) noexcept {
+bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   // The start record is a page of its own, not malloc's: this runs on the
   // allocator's slow path.
   int err = 0;
@@ -123,18 +123,18 @@ bool Linux::start_thread(void (*fn)(void*), void* arg) noexcept {
   return rc == 0;
 }
 
-std::uint64_t Linux::monotonic_ns() noexcept {
+std::uint64_t System::monotonic_ns() noexcept {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000u +
          static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-long Linux::process_id() noexcept {
+long System::process_id() noexcept {
   return static_cast<long>(getpid());
 }
 
-long Linux::thread_id() noexcept {
+long System::thread_id() noexcept {
   return static_cast<long>(gettid());
 }
 
@@ -146,7 +146,7 @@ long Linux::thread_id() noexcept {
 // scheduler's own figure, the first field of /proc/self/task/<tid>/schedstat
 // (ns on the CPU), read with plain system calls (no allocation: this runs in
 // malloc's slow path).
-std::uint64_t Linux::thread_cpu_ns(long tid) noexcept {
+std::uint64_t System::thread_cpu_ns(long tid) noexcept {
   const auto clock = static_cast<clockid_t>((~static_cast<unsigned>(tid) << 3) | 6);
   struct timespec ts;
   if (clock_gettime(clock, &ts) == 0) {
@@ -209,7 +209,7 @@ int number_in_file(const char* path, const char* key) noexcept {
 // osAllocPagesInternal); an administrator can set it to 0. The module lists
 // its settings in /proc/driver/nvidia/params, and the parameter itself in
 // sysfs. MNEMOSYNE_TEST_NVIDIA_PARAMS names another params file (tests).
-int Linux::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
+int System::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
   static constexpr char kKey[] = "InitializeSystemMemoryAllocations";
   const char* test_file = secure_getenv("MNEMOSYNE_TEST_NVIDIA_PARAMS");
   const char* params = test_file != nullptr ? test_file : "/proc/driver/nvidia/params";
@@ -231,13 +231,18 @@ int Linux::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
   return -1;
 }
 
-bool Linux::exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept {
+bool System::exclude_from_fork(void* ptr, std::size_t size, int* error) noexcept {
   if (madvise(ptr, size, MADV_DONTFORK) == 0) return true;
   *error = errno;
   return false;
 }
 
-void Linux::block_async_signals(SignalMask* saved) noexcept {
+// atexit handlers and destructors run with every thread alive.
+bool System::process_exiting() noexcept {
+  return false;
+}
+
+void System::block_async_signals(SignalMask* saved) noexcept {
   sigset_t async;
   sigfillset(&async);
   constexpr int kFaults[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS};
@@ -245,7 +250,7 @@ void Linux::block_async_signals(SignalMask* saved) noexcept {
   pthread_sigmask(SIG_BLOCK, &async, saved);
 }
 
-void Linux::restore_signals(const SignalMask& saved) noexcept {
+void System::restore_signals(const SignalMask& saved) noexcept {
   pthread_sigmask(SIG_SETMASK, &saved, nullptr);
 }
 

@@ -1,4 +1,4 @@
-// platform::Windows: LoadLibrary, VirtualAlloc, the process environment.
+// platform::System on Windows: LoadLibrary, VirtualAlloc, the process environment.
 #include <windows.h>
 
 #include <cstdio>
@@ -8,7 +8,7 @@
 
 namespace mnemosyne::platform {
 
-void* Windows::open_library(const char* path, char* error, std::size_t len) noexcept {
+void* System::open_library(const char* path, char* error, std::size_t len) noexcept {
   HMODULE h = LoadLibraryA(path);
   if (h == nullptr) {
     const DWORD code = GetLastError();
@@ -25,11 +25,11 @@ void* Windows::open_library(const char* path, char* error, std::size_t len) noex
   return reinterpret_cast<void*>(h);
 }
 
-void* Windows::find_symbol(void* library, const char* name) noexcept {
+void* System::find_symbol(void* library, const char* name) noexcept {
   return reinterpret_cast<void*>(GetProcAddress(static_cast<HMODULE>(library), name));
 }
 
-void* Windows::map_pages(std::size_t size, int* error) noexcept {
+void* System::map_pages(std::size_t size, int* error) noexcept {
   void* p = VirtualAlloc(nullptr, size, MEM_RESERVE | MEM_COMMIT, PAGE_READWRITE);
   if (p == nullptr) *error = static_cast<int>(GetLastError());
   return p;
@@ -37,22 +37,22 @@ void* Windows::map_pages(std::size_t size, int* error) noexcept {
 
 // VirtualFree releases a whole reservation only: `ptr` is always the base
 // map_pages returned, and the size is the reservation's.
-bool Windows::unmap_pages(void* ptr, std::size_t) noexcept {
+bool System::unmap_pages(void* ptr, std::size_t) noexcept {
   return VirtualFree(ptr, 0, MEM_RELEASE) != 0;
 }
 
-std::size_t Windows::page_size() noexcept {
+std::size_t System::page_size() noexcept {
   SYSTEM_INFO info;
   GetSystemInfo(&info);
   return info.dwPageSize;
 }
 
 // Windows has no set-uid programs: a process's environment is its caller's.
-const char* Windows::secure_env(const char* name) noexcept {
+const char* System::secure_env(const char* name) noexcept {
   return std::getenv(name);
 }
 
-void Windows::pause(std::size_t spins) noexcept {
+void System::pause(std::size_t spins) noexcept {
   if (spins < 64) {
     SwitchToThread();
   } else {
@@ -60,20 +60,20 @@ void Windows::pause(std::size_t spins) noexcept {
   }
 }
 
-void Windows::sleep_ns(std::uint64_t ns) noexcept {
+void System::sleep_ns(std::uint64_t ns) noexcept {
   Sleep(static_cast<DWORD>((ns + 999999) / 1000000));
 }
 
 // MEM_RESET: the pages leave the working set without being written to the
 // page file; they stay committed.
-bool Windows::discard_pages(void* ptr, std::size_t size) noexcept {
+bool System::discard_pages(void* ptr, std::size_t size) noexcept {
   return VirtualAlloc(ptr, size, MEM_RESET, PAGE_READWRITE) != nullptr;
 }
 
 // ntdll's RtlDllShutdownInProgress: true once ExitProcess has stopped every
 // other thread and is detaching DLLs (wine implements it too). Looked up
 // once; no function-local static (its guard would be a lock).
-bool Windows::process_exiting() noexcept {
+bool System::process_exiting() noexcept {
   using Fn = BOOLEAN(NTAPI*)();
   static std::atomic<Fn> fn{nullptr};
   static std::atomic<bool> looked{false};
@@ -88,14 +88,14 @@ bool Windows::process_exiting() noexcept {
 }
 
 // WaitOnAddress (Windows 8 and later; libsynchronization).
-void Windows::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
-                               std::uint64_t timeout_ns) noexcept {
+void System::wait_while_equal(std::atomic<std::uint32_t>* word, std::uint32_t seen,
+                              std::uint64_t timeout_ns) noexcept {
   const DWORD ms =
       timeout_ns == kNoTimeout ? INFINITE : static_cast<DWORD>((timeout_ns + 999999) / 1000000);
   WaitOnAddress(reinterpret_cast<volatile VOID*>(word), &seen, sizeof seen, ms);
 }
 
-void Windows::wake_all(std::atomic<std::uint32_t>* word) noexcept {
+void System::wake_all(std::atomic<std::uint32_t>* word) noexcept {
   WakeByAddressAll(reinterpret_cast<PVOID>(word));
 }
 
@@ -113,7 +113,7 @@ DWORD WINAPI thread_main(LPVOID raw) {
 }  // namespace
 
 // Windows has no signals to block.
-bool Windows::start_thread(void (*fn)(void*), void* arg) noexcept {
+bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   int err = 0;
   auto* start = static_cast<ThreadStart*>(map_pages(sizeof(ThreadStart), &err));
   if (start == nullptr) return false;
@@ -128,7 +128,7 @@ bool Windows::start_thread(void (*fn)(void*), void* arg) noexcept {
   return true;
 }
 
-std::uint64_t Windows::monotonic_ns() noexcept {
+std::uint64_t System::monotonic_ns() noexcept {
   static LARGE_INTEGER frequency = [] {
     LARGE_INTEGER f;
     QueryPerformanceFrequency(&f);
@@ -141,15 +141,15 @@ std::uint64_t Windows::monotonic_ns() noexcept {
   return ticks / hz * 1000000000u + ticks % hz * 1000000000u / hz;
 }
 
-long Windows::process_id() noexcept {
+long System::process_id() noexcept {
   return static_cast<long>(GetCurrentProcessId());
 }
 
-long Windows::thread_id() noexcept {
+long System::thread_id() noexcept {
   return static_cast<long>(GetCurrentThreadId());
 }
 
-std::uint64_t Windows::thread_cpu_ns(long tid) noexcept {
+std::uint64_t System::thread_cpu_ns(long tid) noexcept {
   HANDLE thread = OpenThread(THREAD_QUERY_LIMITED_INFORMATION, FALSE, static_cast<DWORD>(tid));
   if (thread == nullptr) return 0;
   FILETIME created, exited, kernel, user;
@@ -163,9 +163,18 @@ std::uint64_t Windows::thread_cpu_ns(long tid) noexcept {
 }
 
 // The Windows driver publishes no such setting: unknown.
-int Windows::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
+int System::nvidia_zeroes_pinned_memory(char* source, std::size_t len) noexcept {
   std::snprintf(source, len, "no setting published on Windows");
   return -1;
 }
+
+// No fork on Windows: nothing to exclude.
+bool System::exclude_from_fork(void*, std::size_t, int*) noexcept {
+  return true;
+}
+
+// No signals on Windows: nothing to block.
+void System::block_async_signals(SignalMask*) noexcept {}
+void System::restore_signals(const SignalMask&) noexcept {}
 
 }  // namespace mnemosyne::platform
