@@ -32,7 +32,7 @@
 
 #include "arena/arena.hpp"
 #include "backend/driver_call.hpp"
-#include "backend/signal_chain.hpp"
+#include "platform/signal_chain.hpp"
 #include "bootstrap.hpp"
 #include "fork_lock.hpp"
 #include "hold.hpp"

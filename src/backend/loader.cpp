@@ -11,9 +11,9 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/crash_guard.hpp"
 #include "backend/driver_call.hpp"
 #include "backend/internal.hpp"
+#include "platform/crash_guard.hpp"
 #include "platform/platform.hpp"
 
 namespace mnemosyne {
@@ -208,6 +208,9 @@ DriverState load() noexcept {
   char what[160];
   if (!call_guarded(
           [](void* arg) {
+            // On Windows a worker thread runs it for this one: its mallocs,
+            // and threads the driver starts from it, are the driver's.
+            detail::InDriverScope in_driver;
             auto* c = static_cast<InitCall*>(arg);
             c->result = c->cuInit(0);
           },

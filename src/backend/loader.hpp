@@ -20,7 +20,7 @@ enum class DriverState : int { uninitialized = 0, initializing, ready, unavailab
 // set-uid and set-gid processes), else libcuda.so.1, else libcuda.so
 // (nvcuda.dll on Windows); resolves every entry point with cuGetProcAddress_v2
 // (ABI of CUDA_VERSION) when the driver has it, else by the versioned export
-// names; calls cuInit(0) through call_guarded (crash_guard.hpp).
+// names; calls cuInit(0) through call_guarded (platform/crash_guard.hpp).
 // Returns the entry points, or nullptr when the driver is unavailable.
 // On a thread inside a driver call (in_driver_call()) it never loads nor waits
 // for a load in progress: it returns nullptr unless the driver is ready.

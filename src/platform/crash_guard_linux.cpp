@@ -1,5 +1,5 @@
 // call_guarded on Linux: signal handlers that siglongjmp out of fn.
-#include "backend/crash_guard.hpp"
+#include "platform/crash_guard.hpp"
 
 #include <setjmp.h>
 #include <signal.h>
@@ -7,7 +7,7 @@
 
 #include <cstdio>
 
-#include "backend/signal_chain.hpp"
+#include "platform/signal_chain.hpp"
 
 namespace mnemosyne {
 namespace {

@@ -12,8 +12,7 @@
 #include <atomic>
 #include <cstdio>
 
-#include "backend/crash_guard.hpp"
-#include "backend/internal.hpp"
+#include "platform/crash_guard.hpp"
 #include "platform/platform.hpp"
 
 namespace mnemosyne {
@@ -59,9 +58,6 @@ LONG CALLBACK on_exception(EXCEPTION_POINTERS* info) {
 }
 
 DWORD WINAPI run_guarded(void*) {
-  // The worker runs a driver call for the thread waiting on it: its mallocs,
-  // and threads the driver starts from it, are the driver's.
-  detail::InDriverScope in_driver;
   g_call.fn(g_call.arg);
   return 0;
 }

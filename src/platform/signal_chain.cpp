@@ -1,4 +1,4 @@
-#include "backend/signal_chain.hpp"
+#include "platform/signal_chain.hpp"
 
 #include <dlfcn.h>
 #include <errno.h>
