@@ -18,7 +18,7 @@
 #include <cstdio>
 
 #include "arena/arena.hpp"
-#include "common/start_report.hpp"
+#include "common/start_heap.hpp"
 #include "cxx_alloc.hpp"
 #include "fork.hpp"
 #include "libc.hpp"

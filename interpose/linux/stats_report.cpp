@@ -9,7 +9,7 @@
 #include <cstring>
 
 #include "bootstrap.hpp"
-#include "common/start_report.hpp"
+#include "common/exit_report.hpp"
 #include "mode.hpp"
 #include "stats/report.hpp"
 

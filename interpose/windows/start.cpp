@@ -13,7 +13,7 @@
 #include <cstring>
 
 #include "arena/arena.hpp"
-#include "common/start_report.hpp"
+#include "common/start_heap.hpp"
 #include "crt.hpp"
 #include "mode.hpp"
 #include "patch.hpp"

@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "common/start_report.hpp"
+#include "common/exit_report.hpp"
 #include "mode.hpp"
 #include "platform/platform.hpp"
 #include "start.hpp"

@@ -1,10 +1,10 @@
-// What the Linux preload library and the Windows DLL say and report the same
-// way at start and at exit (interpose/linux/, interpose/windows/).
+// Starting the heap, the same way for the Linux preload library and the
+// Windows DLL (interpose/linux/bootstrap.cpp, interpose/windows/start.cpp):
+// options to a running arena, and what is said about it at start.
 #pragma once
 
 #include "arena/arena.hpp"
 #include "config/options.hpp"
-#include "stats/report.hpp"
 
 namespace mnemosyne {
 
@@ -44,24 +44,5 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
 
 // Why the requested backend is not active; "" when it is.
 const char* backend_unavailable_reason() noexcept;
-
-// The statistics report's context for this process.
-stats::ReportContext report_context(const config::Options& o, long pid, const char* program,
-                                    bool counting) noexcept;
-
-// Where the exit report goes, per platform.
-struct ReportSinks {
-  void (*to_stderr)(const char* text, std::size_t len);
-  // Writes `text` as the whole file at `path`; false with the OS's reason.
-  bool (*to_file)(const char* path, const char* text, std::size_t len, char* why,
-                  std::size_t why_len);
-  void (*warn)(const char* line);
-};
-
-// At exit: the SHOW_STATS table and the STATS_FILE JSON, both from one
-// snapshot, so they agree while other threads (the driver's) still allocate.
-// Only the exiting thread calls it: it formats into one static buffer.
-void write_exit_reports(const config::Options& o, const stats::ReportContext& ctx,
-                        const ReportSinks& sinks) noexcept;
 
 }  // namespace mnemosyne
