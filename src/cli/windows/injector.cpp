@@ -12,9 +12,9 @@
 
 #include "backend/backend_id.hpp"
 #include "cli/flags.hpp"
-#include "command_line.hpp"
 #include "config/options.hpp"
-#include "inject.hpp"
+#include "windows/command_line.hpp"  // interpose/windows: shared with the DLL
+#include "windows/inject.hpp"
 
 using mnemosyne::win::append_quoted;
 using mnemosyne::win::narrow;
