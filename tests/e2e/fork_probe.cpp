@@ -22,6 +22,11 @@
 //                             (FORK_PROBE_FAKE: the double's path) reach children intact,
 //                             through fork(), through glibc's fork directly (no wrapper),
 //                             and with the driver's copy failing; facts go to FORK_REPORT
+//   fork_probe snapshot       forks in a row from a parent that overwrites every block right
+//                             after each fork (the first large one by a driver copy,
+//                             cuMemcpyDtoH, where the double is loaded): each child reads the
+//                             values of the moment of its own fork; so does a grandchild, and
+//                             one whose parent exited at once after forking it
 #include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -67,6 +72,7 @@ bool child_ok(pid_t pid) {
 
 using test::block_ok;
 using test::drop_block;
+using test::fill_block;
 using test::Header;
 using test::mix;
 
@@ -537,6 +543,148 @@ int mode_device() {
   return ok1 && ok2 && ok3 ? 0 : 1;
 }
 
+// ---- what a child reads: its fork's moment, whatever the parent does next
+
+// The driver calls a program makes itself, through the instance of the double
+// the interposer loaded (FORK_PROBE_FAKE); none when it is not loaded.
+struct DriverCopy {
+  using RetainFn = int (*)(void**, int);
+  using SetCurrentFn = int (*)(void*);
+  using AllocManagedFn = int (*)(unsigned long long*, std::size_t, unsigned);
+  using HostAllocFn = int (*)(void**, std::size_t, unsigned);
+  using DtoHFn = int (*)(void*, unsigned long long, std::size_t);
+  DtoHFn dtoh = nullptr;
+  // Driver memory the copies read: managed, or page-locked host memory with
+  // FORK_PROBE_SOURCE=pinned (the heap's own kind under pinned).
+  unsigned long long source = 0;
+  std::size_t size = 0;
+
+  bool ready() const { return dtoh != nullptr && source != 0; }
+
+  explicit DriverCopy(std::size_t bytes) {
+    const char* path = std::getenv("FORK_PROBE_FAKE");
+    void* h = path != nullptr && path[0] != '\0' ? dlopen(path, RTLD_NOW | RTLD_NOLOAD) : nullptr;
+    if (h == nullptr) return;
+    auto retain = reinterpret_cast<RetainFn>(dlsym(h, "cuDevicePrimaryCtxRetain"));
+    auto set_current = reinterpret_cast<SetCurrentFn>(dlsym(h, "cuCtxSetCurrent"));
+    auto alloc = reinterpret_cast<AllocManagedFn>(dlsym(h, "cuMemAllocManaged"));
+    auto host_alloc = reinterpret_cast<HostAllocFn>(dlsym(h, "cuMemHostAlloc"));
+    const char* kind = std::getenv("FORK_PROBE_SOURCE");
+    const bool pinned = kind != nullptr && std::strcmp(kind, "pinned") == 0;
+    void* ctx = nullptr;
+    if (retain == nullptr || set_current == nullptr || alloc == nullptr || host_alloc == nullptr ||
+        retain(&ctx, 0) != 0 || set_current(ctx) != 0) {
+      return;
+    }
+    void* host = nullptr;
+    const int rc = pinned ? host_alloc(&host, bytes, 0x3 /* PORTABLE | DEVICEMAP */)
+                          : alloc(&source, bytes, 1 /* CU_MEM_ATTACH_GLOBAL */);
+    if (rc != 0) {
+      source = 0;
+      return;
+    }
+    if (pinned) source = reinterpret_cast<std::uintptr_t>(host);
+    dtoh = reinterpret_cast<DtoHFn>(dlsym(h, "cuMemcpyDtoH_v2"));
+    size = bytes;
+  }
+};
+
+std::uint64_t snapshot_seed(int gen, std::size_t i) {
+  return std::uint64_t(gen) * 1000000 + i;
+}
+
+// Every block intact and holding the words of `gen`; says which is not.
+bool blocks_hold(const std::vector<void*>& blocks, int gen, const char* who) {
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    bool checked = false;
+    const bool ok = block_ok(blocks[i], &checked);
+    const std::uint64_t seed = static_cast<Header*>(blocks[i])->seed;
+    if (!ok || !checked || seed != snapshot_seed(gen, i)) {
+      std::fprintf(
+          stderr, "fork_probe: %s of fork %d: block %zu (%zu bytes) holds seed %llu, not %llu%s\n",
+          who, gen, i, static_cast<Header*>(blocks[i])->size, static_cast<unsigned long long>(seed),
+          static_cast<unsigned long long>(snapshot_seed(gen, i)), ok ? "" : " (damaged)");
+      return false;
+    }
+  }
+  return true;
+}
+
+int mode_snapshot() {
+  constexpr int kForks = 4;
+  std::vector<std::size_t> sizes;
+  for (int i = 0; i < 8; ++i) sizes.push_back(std::size_t{1} << (14 + i));
+  sizes.push_back(std::size_t{40} << 20);  // a dedicated block
+  for (int i = 0; i < 3000; ++i) sizes.push_back(32 + i % 900);
+  std::vector<void*> blocks;
+  for (const std::size_t size : sizes) {
+    blocks.push_back(std::malloc(size));
+    if (blocks.back() == nullptr) die("malloc failed");
+  }
+  const auto fill_all = [&](int gen, std::size_t from) {
+    for (std::size_t i = from; i < blocks.size(); ++i)
+      fill_block(blocks[i], sizes[i], snapshot_seed(gen, i));
+  };
+  DriverCopy copy(sizes[0]);
+  std::thread sleeper([] { usleep(300000); });  // a multi-threaded parent
+  int orphan_pipe[2];
+  if (pipe(orphan_pipe) != 0) die("pipe failed");
+  int ok = 0;
+  int driver_copies = 0;
+  fill_all(0, 0);
+  for (int gen = 0; gen < kForks; ++gen) {
+    std::fflush(stdout);
+    const pid_t pid = fork();
+    if (pid < 0) die("fork failed");
+    if (pid == 0) {
+      usleep(30000);  // the parent overwrites its blocks meanwhile
+      if (!blocks_hold(blocks, gen, "the child")) _exit(1);
+      if (gen == 1) {  // a grandchild forked by a worker
+        const pid_t g = fork();
+        if (g == 0) _exit(blocks_hold(blocks, gen, "a grandchild") ? 0 : 1);
+        _exit(child_ok(g) ? 0 : 1);
+      }
+      if (gen == 2) {  // its parent exits at once after forking it
+        const pid_t g = fork();
+        if (g == 0) {
+          usleep(100000);
+          const char verdict = blocks_hold(blocks, gen, "an orphaned grandchild") ? 'y' : 'n';
+          if (write(orphan_pipe[1], &verdict, 1) != 1) _exit(1);
+          _exit(0);
+        }
+        _exit(g > 0 ? 0 : 1);
+      }
+      void* p = std::malloc(1000);
+      std::free(p);
+      _exit(0);
+    }
+    // Right after the fork: the first block by a driver copy where the
+    // double is loaded, every other block by the CPU, with the next
+    // generation's words.
+    if (copy.ready()) {
+      fill_block(reinterpret_cast<void*>(copy.source), sizes[0], snapshot_seed(gen + 1, 0));
+      if (copy.dtoh(blocks[0], copy.source, sizes[0]) == 0) ++driver_copies;
+      fill_all(gen + 1, 1);
+    } else {
+      fill_all(gen + 1, 0);
+    }
+    if (child_ok(pid)) ++ok;
+    if (!blocks_hold(blocks, gen + 1, "the parent after")) die("the parent's own writes were lost");
+  }
+  char verdict = 'n';
+  if (read(orphan_pipe[0], &verdict, 1) != 1) verdict = 'n';
+  sleeper.join();
+  if (const char* path = std::getenv("FORK_REPORT")) {
+    if (FILE* report = std::fopen(path, "w")) {
+      std::fprintf(report, "driver_copies %d\n", driver_copies);
+      std::fclose(report);
+    }
+  }
+  std::printf("snapshot: %d of %d children read their fork's moment; the orphaned grandchild %s\n",
+              ok, kForks, verdict == 'y' ? "too" : "did NOT");
+  return ok == kForks && verdict == 'y' ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -549,9 +697,10 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "driver-busy") == 0) return mode_driver_busy();
   if (std::strcmp(mode, "own-handler") == 0) return mode_own_handler();
   if (std::strcmp(mode, "device") == 0) return mode_device();
+  if (std::strcmp(mode, "snapshot") == 0) return mode_snapshot();
   std::fprintf(
       stderr,
       "usage: fork_probe fopen-thread|held-lock|patterns|from-thread|driver-busy|own-handler|"
-      "device\n");
+      "device|snapshot\n");
   return 2;
 }

@@ -29,12 +29,11 @@ inline std::uint64_t body_word(std::uint64_t seed, std::size_t i) {
   return seed * 0x9e3779b97f4a7c15ull + i;
 }
 
-// A block of `size` bytes (at least a header) from malloc, filled; null when
-// malloc failed.
-inline void* make_block(std::size_t size, std::uint64_t seed) {
-  if (size < sizeof(Header)) size = sizeof(Header);
-  auto* p = static_cast<unsigned char*>(std::malloc(size));
-  if (p == nullptr) return nullptr;
+// Writes a block of `size` bytes (at least a header) at p with the words of
+// `seed`, its magic last.
+inline void fill_block(void* block, std::size_t size, std::uint64_t seed) {
+  auto* p = static_cast<unsigned char*>(block);
+  reinterpret_cast<Header*>(p)->magic.store(0, std::memory_order_relaxed);
   std::size_t i = sizeof(Header);
   for (; i + 8 <= size; i += 8) {
     const std::uint64_t w = body_word(seed, i);
@@ -46,6 +45,14 @@ inline void* make_block(std::size_t size, std::uint64_t seed) {
   h->seed = seed;
   h->size = size;
   h->magic.store(kMagic, std::memory_order_release);
+}
+
+// A block of `size` bytes (at least a header) from malloc, filled; null when
+// malloc failed.
+inline void* make_block(std::size_t size, std::uint64_t seed) {
+  if (size < sizeof(Header)) size = sizeof(Header);
+  void* p = std::malloc(size);
+  if (p != nullptr) fill_block(p, size, seed);
   return p;
 }
 

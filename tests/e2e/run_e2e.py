@@ -572,6 +572,23 @@ def case_fork_device(tmp, backend):
            f"without the driver's copy, the CPU must read (and migrate) the pages: {facts}")
 
 
+def case_fork_snapshot(tmp, backend):
+    """Forks in a row (children of the shared image and its deltas), the
+    parent overwriting every block right after each fork, the first large
+    one by a driver copy (cuMemcpyDtoH into the heap block): every child,
+    a grandchild, and a grandchild whose parent exited at once after forking
+    it read the values of the moment of their own fork (docs/fork.md)."""
+    report = os.path.join(tmp, "report.txt")
+    env = {"FORK_PROBE_FAKE": FAKE, "FORK_REPORT": report}
+    if backend == "pinned":
+        env["FORK_PROBE_SOURCE"] = "pinned"  # the copy's source of the heap's own kind
+    fork_case(tmp, backend, "snapshot", env)
+    with open(report) as f:
+        facts = {k: int(v) for k, v in (line.split() for line in f if line.strip())}
+    if backend != "host":
+        expect(facts["driver_copies"] == 4, f"the parent's driver copies did not all land: {facts}")
+
+
 def normalized(text):
     """gdb's output with what varies from run to run made equal: process and
     thread ids, and the padding of the columns whose width follows them
