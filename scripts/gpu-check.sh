@@ -612,7 +612,9 @@ tree=""
 for dir in "$prebuilt" "$root/build"; do
   [ -n "$dir" ] && [ -x "$dir/tests/e2e/alloc_probe" ] && { tree=$(cd "$dir" && pwd); break; }
 done
-e2e_cases=(probe python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
+# fork-snapshot early: what a child reads after its parent's driver copy
+# (cuMemcpyDtoH) into a heap block right after the fork (issue 36).
+e2e_cases=(probe fork-snapshot python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
            fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
            own-context fork-cross-free errno promises calloc fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))

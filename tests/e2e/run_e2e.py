@@ -80,7 +80,7 @@ ARENAS = {"MNEMOSYNE_PIN": "arena"}
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
-    "fork-from-thread",
+    "fork-from-thread", "fork-snapshot",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "calloc-big",
