@@ -42,11 +42,6 @@
 // touch of a missing segment, from a fault handler (restore_child_heap,
 // async-signal-safe), or in child_after_fork, whichever comes first.
 #include <errno.h>
-#include <fcntl.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <atomic>
 #include <cstdint>
@@ -59,6 +54,7 @@
 #include "arena/state.hpp"
 #include "backend/backends.hpp"
 #include "backend/loader.hpp"
+#include "platform/fork_image.hpp"
 #include "platform/platform.hpp"
 
 namespace mnemosyne::arena {
@@ -66,7 +62,7 @@ namespace {
 
 constexpr std::size_t kMaxShadows = SegmentTable::kCapacity;
 // The image's size: every user address (ownership_map.hpp) is an offset.
-constexpr off_t kImageBytes = off_t{1} << kAddressBits;
+constexpr std::uint64_t kImageBytes = std::uint64_t{1} << kAddressBits;
 
 // A segment the child gets from the image.
 struct Shadow {
@@ -123,13 +119,13 @@ constinit Shadow g_shadows[kMaxShadows] = {};
 constinit std::size_t g_shadow_count = 0;
 constinit Missing g_missing[kMaxShadows] = {};
 constinit std::size_t g_missing_count = 0;
-constinit pid_t g_parent_pid = 0;
+constinit long g_parent_pid = 0;
 constinit int g_image = -1;  // the fork's image (memfd), shared by both passes
 
 // copy_early's shadows, until the prepare_fork of the same thread adopts them.
 constinit Shadow g_early[kMaxShadows] = {};
 constinit std::size_t g_early_count = 0;
-constinit std::atomic<pid_t> g_early_thread{0};  // set once the shadows are complete
+constinit std::atomic<long> g_early_thread{0};  // set once the shadows are complete
 constinit SegmentTable::Entry g_snapshot[kMaxShadows] = {};
 
 // kPending from prepare_fork until the fork is over (parent) or the child has
@@ -152,9 +148,8 @@ bool copy_out(BackendId id, void* dst, const void* src, std::size_t size) noexce
 }
 
 void* map_anonymous(std::size_t size) noexcept {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                 -1, 0);
-  return p == MAP_FAILED ? nullptr : p;
+  int err = 0;
+  return Os::map_pages(size, &err);
 }
 
 // RLIMIT_FSIZE applies to the image (a memfd is a file, and its offsets are
@@ -167,27 +162,25 @@ void* map_anonymous(std::size_t size) noexcept {
 // stopped by it. With a finite hard limit the image cannot be made at all:
 // open_image fails, and so does the fork (ENOMEM) where the wrapper can
 // still refuse it.
-constinit rlim_t g_fsize_soft = RLIM_INFINITY;  // the program's, while lifted
+constexpr std::uint64_t kUnlimited = platform::fork_image::kUnlimited;
+constinit std::uint64_t g_fsize_soft = kUnlimited;  // the program's, while lifted
 constinit bool g_fsize_lifted = false;
 
 bool lift_file_size_limit() noexcept {
-  struct rlimit lim {};
-  if (getrlimit(RLIMIT_FSIZE, &lim) != 0) return true;
-  if (lim.rlim_max != RLIM_INFINITY) return false;
-  if (lim.rlim_cur == RLIM_INFINITY || g_fsize_lifted) return true;
-  g_fsize_soft = lim.rlim_cur;
-  lim.rlim_cur = RLIM_INFINITY;
-  if (setrlimit(RLIMIT_FSIZE, &lim) != 0) return false;
+  std::uint64_t soft = 0;
+  std::uint64_t hard = 0;
+  if (!platform::fork_image::file_size_limit(&soft, &hard)) return true;
+  if (hard != kUnlimited) return false;
+  if (soft == kUnlimited || g_fsize_lifted) return true;
+  g_fsize_soft = soft;
+  if (!platform::fork_image::set_file_size_soft_limit(kUnlimited, kUnlimited)) return false;
   g_fsize_lifted = true;
   return true;
 }
 
 void restore_file_size_limit() noexcept {
   if (!g_fsize_lifted) return;
-  struct rlimit lim {};
-  lim.rlim_cur = g_fsize_soft;
-  lim.rlim_max = RLIM_INFINITY;
-  setrlimit(RLIMIT_FSIZE, &lim);
+  platform::fork_image::set_file_size_soft_limit(g_fsize_soft, kUnlimited);
   g_fsize_lifted = false;
 }
 
@@ -199,7 +192,7 @@ std::uint64_t* map_bits(std::size_t pages, std::size_t* map_bytes) noexcept {
 }
 
 void unmap_bits(std::uint64_t*& bits, std::size_t map_bytes) noexcept {
-  if (bits != nullptr) munmap(bits, map_bytes);
+  if (bits != nullptr) Os::unmap_pages(bits, map_bytes);
   bits = nullptr;
 }
 
@@ -221,7 +214,7 @@ void drop_base() noexcept {
   g_base.count = 0;
   g_base.pages = 0;
   g_base.delta_pages = 0;
-  if (g_base.fd >= 0) close(g_base.fd);
+  if (g_base.fd >= 0) platform::fork_image::close(g_base.fd);
   g_base.fd = -1;
 }
 
@@ -232,7 +225,7 @@ void use_base() noexcept {
   while (!g_base_use.compare_exchange_weak(expected, kBaseForking, std::memory_order_acquire)) {
     if (expected == kBaseForking) return;  // this fork's already
     expected = kBaseFree;
-    sched_yield();
+    Os::pause(0);
   }
 }
 
@@ -256,19 +249,18 @@ bool open_image(bool fresh = false) noexcept {
   g_delta = !fresh && base_reusable();
   if (!g_delta) drop_base();
   g_delta_pages = 0;
-  const int fd =
-      memfd_create(g_delta ? "mnemosyne-fork-delta" : "mnemosyne-fork-heap", MFD_CLOEXEC);
-  if (fd >= 0 && ftruncate(fd, kImageBytes) == 0) {
+  const int fd = platform::fork_image::create(
+      g_delta ? "mnemosyne-fork-delta" : "mnemosyne-fork-heap", kImageBytes);
+  if (fd >= 0) {
     g_image = fd;
     return true;
   }
-  if (fd >= 0) close(fd);
   close_image();
   return false;
 }
 
 void close_image() noexcept {
-  if (g_image >= 0) close(g_image);
+  if (g_image >= 0) platform::fork_image::close(g_image);
   g_image = -1;
   g_delta = false;
   restore_file_size_limit();
@@ -286,19 +278,18 @@ constinit unsigned char g_fault_bounce[64 * 1024];  // under the fork lock
 
 bool write_image(const void* at, const void* src, std::size_t size) noexcept {
   auto* from = static_cast<const unsigned char*>(src);
-  auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at));
+  auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at));
   while (size > 0) {
-    ssize_t n = pwrite(g_image, from, size, offset);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EFAULT) {
+    int err = 0;
+    long n = platform::fork_image::write_at(g_image, from, size, offset, &err);
+    if (n < 0 && err == EFAULT) {
       const std::size_t piece = size < sizeof g_fault_bounce ? size : sizeof g_fault_bounce;
       std::memcpy(g_fault_bounce, from, piece);
-      n = pwrite(g_image, g_fault_bounce, piece, offset);
-      if (n < 0 && errno == EINTR) continue;
+      n = platform::fork_image::write_at(g_image, g_fault_bounce, piece, offset, &err);
     }
     if (n <= 0) return false;
     from += n;
-    offset += n;
+    offset += static_cast<std::uint64_t>(n);
     size -= static_cast<std::size_t>(n);
   }
   return true;
@@ -370,9 +361,8 @@ void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
   std::size_t run = 0;  // pages that differ, not yet written, ending at `done`
   for (std::size_t done = 0; done < size && !pass.failed;) {
     const std::size_t n = size - done < kCompareBytes ? size - done : kCompareBytes;
-    const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at + done));
-    ssize_t got = pread(g_base.fd, pass.base_pages, n, offset);
-    while (got < 0 && errno == EINTR) got = pread(g_base.fd, pass.base_pages, n, offset);
+    const auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at + done));
+    long got = platform::fork_image::read_at(g_base.fd, pass.base_pages, n, offset);
     if (got < 0) got = 0;  // unreadable: every page counts as different
     for (std::size_t i = 0; i < n; i += page) {
       const bool same = static_cast<std::size_t>(got) >= i + page &&
@@ -477,7 +467,7 @@ void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
   for (std::size_t off = 0; off < pages; off += kWindowPages) {
     const std::size_t n = pages - off < kWindowPages ? pages - off : kWindowPages;
     unsigned char* window = base + (first + off) * page;
-    if (mincore(window, n * page, pass.residency) != 0) {
+    if (!platform::fork_image::resident_pages(window, n * page, pass.residency)) {
       // Residency unknown: the CPU pass copies it all, the early pass leaves
       // it to the CPU pass.
       if (!pass.early) cpu_copy(pass, first + off, n);
@@ -610,7 +600,7 @@ bool copy_early() noexcept {
   // it cannot be made, the fork fails (ENOMEM) instead of giving a child
   // without its heap. prepare_fork adopts it.
   if (!open_image()) return false;
-  g_early_thread.store(gettid(), std::memory_order_release);
+  g_early_thread.store(Os::thread_id(), std::memory_order_release);
   // driver_state(), not driver_api(): a process whose driver was never loaded
   // (the host backend) must not load it to fork.
   if (driver_state() != DriverState::ready) return true;
@@ -652,7 +642,7 @@ bool copy_early() noexcept {
     ok = !pass.failed;
   }
   g_state.fork_readers.fetch_sub(1, std::memory_order_acq_rel);
-  if (bounce != nullptr) munmap(bounce, kBounceBytes);
+  if (bounce != nullptr) Os::unmap_pages(bounce, kBounceBytes);
   if (!ok) {
     drop_early();
     close_image();
@@ -662,7 +652,7 @@ bool copy_early() noexcept {
 }
 
 void end_early() noexcept {
-  if (g_early_thread.load(std::memory_order_acquire) == gettid()) drop_early();
+  if (g_early_thread.load(std::memory_order_acquire) == Os::thread_id()) drop_early();
   close_image();  // the parent's; a child has its own descriptor
 }
 
@@ -749,8 +739,8 @@ void prepare_fork() noexcept {
   g_state.fork_readers.fetch_add(1, std::memory_order_seq_cst);
   // Nor is backing given up under what it reads (pinned granules, PIN=vmm).
   hold_backing(true);
-  g_parent_pid = getpid();
-  const bool adopt = g_early_thread.load(std::memory_order_acquire) == gettid();
+  g_parent_pid = Os::process_id();
+  const bool adopt = g_early_thread.load(std::memory_order_acquire) == Os::thread_id();
   if (!adopt) close_image();  // not this fork's: another thread's early copy, long over
   // Nor is the base released while this fork may read it, or the child
   // inherits it.
@@ -803,9 +793,7 @@ namespace {
 
 // In the child: maps `file` at [at, at + size), privately.
 bool map_image(int file, unsigned char* at, std::size_t size) noexcept {
-  const auto offset = static_cast<off_t>(reinterpret_cast<std::uintptr_t>(at));
-  return mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, file,
-              offset) != MAP_FAILED;
+  return platform::fork_image::map_at(file, at, size, reinterpret_cast<std::uintptr_t>(at));
 }
 
 // In the child: the shadow's copy at its target; from a delta, the base with
@@ -848,10 +836,8 @@ void forget_base() noexcept {
 // every signal blocked (no handler may touch the heap half-way);
 // async-signal-safe.
 void restore_once() noexcept {
-  sigset_t all;
-  sigset_t old;
-  sigfillset(&all);
-  pthread_sigmask(SIG_SETMASK, &all, &old);
+  Os::SignalMask old;
+  platform::fork_image::block_all_signals(&old);
   int expected = kPending;
   if (g_child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
     for (std::size_t i = 0; i < g_shadow_count; ++i) {
@@ -868,12 +854,11 @@ void restore_once() noexcept {
     // data is worse than one that stops): the range is reserved with no
     // access, and a touch of it ends the child with SIGSEGV.
     for (std::size_t i = 0; i < g_missing_count; ++i) {
-      mmap(g_missing[i].start, g_missing[i].size, PROT_NONE,
-           MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
+      platform::fork_image::reserve_inaccessible(g_missing[i].start, g_missing[i].size);
     }
     mnemosyne_mi_fork_child();  // the copy is older than the fork: see mimalloc-live.h
   }
-  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  Os::restore_signals(old);
 }
 
 bool in_copied_segment(const void* addr) noexcept {
@@ -890,7 +875,8 @@ bool in_copied_segment(const void* addr) noexcept {
 }  // namespace
 
 bool lost_in_child(const void* addr) noexcept {
-  if (g_child_state.load(std::memory_order_acquire) != kRestored || getpid() == g_parent_pid) {
+  if (g_child_state.load(std::memory_order_acquire) != kRestored ||
+      Os::process_id() == g_parent_pid) {
     return false;
   }
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
@@ -902,7 +888,7 @@ bool lost_in_child(const void* addr) noexcept {
 
 bool restore_child_heap(const void* addr) noexcept {
   if (g_child_state.load(std::memory_order_acquire) != kPending) return false;
-  if (getpid() == g_parent_pid || !in_copied_segment(addr)) return false;
+  if (Os::process_id() == g_parent_pid || !in_copied_segment(addr)) return false;
   restore_once();
   return true;
 }
