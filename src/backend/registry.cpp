@@ -33,7 +33,7 @@ std::size_t AllocationRegistry::slot_of(const void* ptr) noexcept {
 
 bool AllocationRegistry::insert(void* ptr) noexcept {
   if (!storable(ptr)) return false;
-  const std::size_t limit = limit_.load(std::memory_order_relaxed);
+  const std::size_t limit = kCapacity - withheld_.load(std::memory_order_relaxed);
   if (count_.fetch_add(1, std::memory_order_relaxed) >= limit) {
     count_.fetch_sub(1, std::memory_order_relaxed);
     return false;
@@ -90,7 +90,7 @@ bool AllocationRegistry::contains(const void* ptr) const noexcept {
 }
 
 void AllocationRegistry::set_limit_for_testing(std::size_t limit) noexcept {
-  limit_.store(limit < kCapacity ? limit : kCapacity, std::memory_order_relaxed);
+  withheld_.store(limit < kCapacity ? kCapacity - limit : 0, std::memory_order_relaxed);
 }
 
 }  // namespace mnemosyne

@@ -30,7 +30,9 @@ class AllocationRegistry {
   static std::size_t slot_of(const void* ptr) noexcept;
   std::atomic<std::uintptr_t> slots_[kCapacity] = {};
   std::atomic<std::size_t> count_{0};
-  std::atomic<std::size_t> limit_{kCapacity};
+  // Slots withheld by set_limit_for_testing: zero by default, so that a
+  // registry is all zeros and lies in .bss, not in the library's file.
+  std::atomic<std::size_t> withheld_{0};
 };
 
 }  // namespace mnemosyne
