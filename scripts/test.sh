@@ -68,11 +68,20 @@ passed=0
 failed=0
 run_suite() {  # dir, meson test args...
   local dir=$1; shift
-  local rc=0
+  local rc=0 mark
+  mark=$(mktemp)
   meson test -C "$dir" --print-errorlogs "$@" || rc=$?
   local counts log
-  # meson names the log after a --wrapper (testlog-valgrind.json): the newest one.
-  log=$(ls -t "$dir"/meson-logs/testlog*.json | head -1)
+  # meson names the log after a --wrapper (testlog-valgrind.json): the newest
+  # one. None when the build failed before any test ran: one failure.
+  log=$(ls -t "$dir"/meson-logs/testlog*.json 2>/dev/null | head -1)
+  if [ -z "$log" ] || [ ! "$log" -nt "$mark" ]; then
+    rm -f "$mark"
+    echo "$dir: no test ran (meson test exited $rc: the build failed?)"
+    failed=$((failed + 1))
+    return 1
+  fi
+  rm -f "$mark"
   counts=$(python3 - "$log" <<'PY'
 import json, sys
 ok = bad = 0

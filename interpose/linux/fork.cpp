@@ -32,11 +32,11 @@
 
 #include "arena/arena.hpp"
 #include "backend/driver_call.hpp"
-#include "platform/signal_chain.hpp"
 #include "bootstrap.hpp"
 #include "fork_lock.hpp"
 #include "hold.hpp"
 #include "mode.hpp"
+#include "platform/signal_chain.hpp"
 
 namespace mnemosyne {
 namespace {

@@ -76,8 +76,10 @@ consteval bool backend_table_complete() {
 }
 static_assert(backend_table_complete(), "every BackendId needs exactly one row in kBackends");
 
-// The row of `id`; null for `none`.
-constexpr const BackendRow* backend_row(BackendId id) noexcept {
+// The row of `id`; null for `none`. Not for constant expressions: GCC's
+// UBSan instruments the pointer test, which then is not one (the functions
+// below return values instead).
+inline const BackendRow* backend_row(BackendId id) noexcept {
   for (const BackendRow& row : kBackends) {
     if (row.id == id) return &row;
   }
@@ -85,8 +87,18 @@ constexpr const BackendRow* backend_row(BackendId id) noexcept {
 }
 
 constexpr const char* backend_name(BackendId id) noexcept {
-  const BackendRow* row = backend_row(id);
-  return row != nullptr ? row->name : "none";
+  for (const BackendRow& row : kBackends) {
+    if (row.id == id) return row.name;
+  }
+  return "none";
+}
+
+// The kind of memory of `id`; host for `none`.
+constexpr MemoryKind backend_memory(BackendId id) noexcept {
+  for (const BackendRow& row : kBackends) {
+    if (row.id == id) return row.memory;
+  }
+  return MemoryKind::host;
 }
 
 // Parses a user-facing backend name (exact, lower case). False when unknown.
@@ -101,13 +113,11 @@ constexpr bool parse_backend_name(std::string_view name, BackendId* out) noexcep
 }
 
 constexpr bool is_cuda_backend(BackendId id) noexcept {
-  const BackendRow* row = backend_row(id);
-  return row != nullptr && row->memory != MemoryKind::host;
+  return backend_memory(id) != MemoryKind::host;
 }
 
 constexpr bool is_managed_backend(BackendId id) noexcept {
-  const BackendRow* row = backend_row(id);
-  return row != nullptr && row->memory == MemoryKind::managed;
+  return backend_memory(id) == MemoryKind::managed;
 }
 
 }  // namespace mnemosyne

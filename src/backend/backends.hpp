@@ -176,8 +176,8 @@ static_assert(kBackends[std::size(kBackends) - 1].id == BackendId::host);
 // The type that implements backend `id`, from its row's kind of memory.
 template <BackendId Id>
 using BackendType = std::conditional_t<
-    backend_row(Id)->memory == MemoryKind::managed, CudaManaged<Id>,
-    std::conditional_t<backend_row(Id)->memory == MemoryKind::pinned, CudaHostPinned, Host>>;
+    backend_memory(Id) == MemoryKind::managed, CudaManaged<Id>,
+    std::conditional_t<backend_memory(Id) == MemoryKind::pinned, CudaHostPinned, Host>>;
 
 // Calls f.template operator()<B>() with the backend type for `id`: the
 // caller's code is instantiated once per backend, no virtual dispatch.
