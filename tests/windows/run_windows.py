@@ -71,20 +71,26 @@ class Wine:
 
     @staticmethod
     def _run(argv, env, timeout):
+        p = subprocess.Popen(["wine"] + argv, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
         try:
-            return subprocess.run(["wine"] + argv, env=env, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as e:
-            # Said here, with what it printed and the Windows processes still
-            # alive (which of a tree hung), not as a bare traceback.
-            out = (e.stdout or b"").decode(errors="replace")
-            err = (e.stderr or b"").decode(errors="replace")
-            alive = subprocess.run(["ps", "-eo", "pid,ppid,etimes,args"], capture_output=True,
-                                   text=True).stdout.splitlines()
-            alive = [l.strip() for l in alive if ".exe" in l and "system32" not in l
+            out, err = p.communicate(timeout=timeout)
+            return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+        except subprocess.TimeoutExpired:
+            # Said here, with the Windows processes still alive (which of a
+            # tree hung, its threads and where the kernel has them waiting)
+            # and what it printed, not as a bare traceback.
+            alive = subprocess.run(["ps", "-eLo", "pid,lwp,ppid,etimes,stat,wchan:24,args"],
+                                   capture_output=True, text=True).stdout.splitlines()
+            alive = [" ".join(l.split()) for l in alive if ".exe" in l and "system32" not in l
                      and l.split()[0] != str(os.getpid())]
+            p.kill()
+            out, err = p.communicate()
+            out = out.decode(errors="replace")
+            err = err.decode(errors="replace")
             print(f"# {os.path.basename(argv[0])} did not end in {timeout} s and was killed; "
-                  f"stdout {out[-800:]!r}, stderr {err[-800:]!r}; Windows processes left: "
-                  f"{alive[:10]}", flush=True)
+                  f"stdout {out[-800:]!r}, stderr {err[-800:]!r}; Windows processes and threads "
+                  f"alive then: {alive[:40]}", flush=True)
             return (f"timeout after {timeout} s", out, err)
 
 
@@ -680,6 +686,14 @@ def main():
         js = os.path.join(work, "work.js")
         with open(js, "w") as f:
             f.write(JSCRIPT)
+        # The same script, then a second asleep: the driver's thread (200
+        # allocations 2 to 4 ms apart) runs while the program is alive. The
+        # script alone can end before that thread's first allocation on a
+        # busy machine (seen: 1 run in 40 beside two busy loops, "proved
+        # nothing").
+        js_waits = os.path.join(work, "work-waits.js")
+        with open(js_waits, "w") as f:
+            f.write(JSCRIPT + "WScript.Sleep(1000);\n")
         cases = [
             ("unified", lambda: case_injected(wine, a, "inject-unified-imports", "unified",
                                               "managed", a.harness, "imports")),
@@ -702,7 +716,7 @@ def main():
             ("cscript", lambda: case_real_program(
                 wine, a, "cscript", ["cscript.exe", "//nologo", winpath(js)])),
             ("driver-thread", lambda: case_real_program(
-                wine, a, "driver-thread", ["cscript.exe", "//nologo", winpath(js)],
+                wine, a, "driver-thread", ["cscript.exe", "//nologo", winpath(js_waits)],
                 {"FAKECUDA_THREAD_ALLOC_MAX": str(256 << 20), "FAKECUDA_THREAD_ITERS": "200"})),
             # A driver whose fresh memory is not zero (FAKECUDA_DIRTY): the
             # harness checks calloc's and _recalloc's zeros among the rest.
