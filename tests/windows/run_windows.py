@@ -71,27 +71,39 @@ class Wine:
 
     @staticmethod
     def _run(argv, env, timeout):
-        p = subprocess.Popen(["wine"] + argv, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE)
-        try:
-            out, err = p.communicate(timeout=timeout)
+        # Output to files, not pipes, and the wait is for the program's own
+        # exit: a wineserver that this wine client starts (when none is
+        # running for the prefix) inherits the client's standard output, and
+        # a pipe it holds open never reaches end-of-file: the program had
+        # ended, yet reading its output waited for the server (seen as hangs
+        # "at exit" of 180 s, about 1 run in 40 under load).
+        with tempfile.TemporaryFile() as out_f, tempfile.TemporaryFile() as err_f:
+            p = subprocess.Popen(["wine"] + argv, env=env, stdout=out_f, stderr=err_f)
+            try:
+                p.wait(timeout=timeout)
+                timed_out = False
+            except subprocess.TimeoutExpired:
+                # Said here, with the Windows processes still alive (which of a
+                # tree hung, its threads and where the kernel has them waiting)
+                # and what it printed, not as a bare traceback.
+                alive = subprocess.run(["ps", "-eLo", "pid,lwp,ppid,etimes,stat,wchan:24,args"],
+                                       capture_output=True, text=True).stdout.splitlines()
+                alive = [" ".join(l.split()) for l in alive if ".exe" in l and "system32" not in l
+                         and l.split()[0] != str(os.getpid())]
+                p.kill()
+                p.wait()
+                timed_out = True
+            out_f.seek(0)
+            err_f.seek(0)
+            out, err = out_f.read(), err_f.read()
+        if not timed_out:
             return subprocess.CompletedProcess(p.args, p.returncode, out, err)
-        except subprocess.TimeoutExpired:
-            # Said here, with the Windows processes still alive (which of a
-            # tree hung, its threads and where the kernel has them waiting)
-            # and what it printed, not as a bare traceback.
-            alive = subprocess.run(["ps", "-eLo", "pid,lwp,ppid,etimes,stat,wchan:24,args"],
-                                   capture_output=True, text=True).stdout.splitlines()
-            alive = [" ".join(l.split()) for l in alive if ".exe" in l and "system32" not in l
-                     and l.split()[0] != str(os.getpid())]
-            p.kill()
-            out, err = p.communicate()
-            out = out.decode(errors="replace")
-            err = err.decode(errors="replace")
-            print(f"# {os.path.basename(argv[0])} did not end in {timeout} s and was killed; "
-                  f"stdout {out[-800:]!r}, stderr {err[-800:]!r}; Windows processes and threads "
-                  f"alive then: {alive[:40]}", flush=True)
-            return (f"timeout after {timeout} s", out, err)
+        out = out.decode(errors="replace")
+        err = err.decode(errors="replace")
+        print(f"# {os.path.basename(argv[0])} did not end in {timeout} s and was killed; "
+              f"stdout {out[-800:]!r}, stderr {err[-800:]!r}; Windows processes and threads "
+              f"alive then: {alive[:40]}", flush=True)
+        return (f"timeout after {timeout} s", out, err)
 
 
 def wine_own_lines_out(stderr):
