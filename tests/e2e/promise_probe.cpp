@@ -440,8 +440,11 @@ int mode_mallinfo() {
   say("in use <= held", with_large.in_use <= with_large.held);
   std::free(large);
   const Heap without_large = heap_now();
+  // Less 64 KiB: the driver's threads may allocate between the two readings
+  // (seen under pinned: in use fell by 2,432 bytes less than the block).
   say("a 256 MiB block, freed: in use fell by at least that",
-      with_large.in_use >= without_large.in_use + large_size, with_large, without_large);
+      with_large.in_use + 64 * 1024 >= without_large.in_use + large_size, with_large,
+      without_large);
 
   pthread_t thread;
   pthread_create(&thread, nullptr, thread_leaves_blocks, blocks);

@@ -100,9 +100,13 @@ arena::Config pinned_config(PinnedCommit route) {
   return cfg;
 }
 
+// False, with the arena's reason on stderr, when it could not start.
 bool start_arena(const arena::Config& cfg, arena::StartReport* report = nullptr) {
   arena::StartReport local;
-  return arena::start(cfg, report != nullptr ? report : &local);
+  arena::StartReport* r = report != nullptr ? report : &local;
+  const bool started = arena::start(cfg, r);
+  if (!started) std::fprintf(stderr, "arena::start failed: %s\n", r->reason);
+  return started;
 }
 
 #if !defined(_WIN32)
