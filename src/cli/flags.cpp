@@ -34,15 +34,6 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-std::string backend_list() {
-  std::string names;
-  for (const BackendRow& row : kBackends) {  // the driver's first, host last
-    if (!names.empty()) names += ", ";
-    names += row.name;
-  }
-  return names;
-}
-
 // Flag names that differ from the variable's name.
 std::string flag_name(std::string_view option) {
   if (option == "SHOW_STATS") return "--stats";
@@ -144,6 +135,15 @@ bool is_directory(std::string path) {
 }
 
 }  // namespace
+
+std::string backend_list() {
+  std::string names;
+  for (const BackendRow& row : kBackends) {  // the driver's first, host last
+    if (!names.empty()) names += ", ";
+    names += row.name;
+  }
+  return names;
+}
 
 const std::vector<Flag>& run_flags() {
   static const std::vector<Flag> flags = [] {

@@ -20,6 +20,9 @@ struct Flag {
   std::string syntax;   // what a value looks like, for help and errors
 };
 
+// The backends' names, the driver's first and host last: "unified, ..., host".
+std::string backend_list();
+
 // Every flag, in the table's order.
 const std::vector<Flag>& run_flags();
 

@@ -63,15 +63,6 @@ std::string paragraphs(std::string_view text, std::size_t indent) {
 
 // "  TERM" then its description on the following lines, indented further.
 // The backends' names, in kBackends' order: "unified, device, ..., host".
-std::string backend_names() {
-  std::string names;
-  for (const BackendRow& b : kBackends) {
-    if (!names.empty()) names += ", ";
-    names += b.name;
-  }
-  return names;
-}
-
 std::string item(std::string_view term, std::string_view description) {
   return "    " + std::string(term) + "\n" + wrap(description, 12);
 }
@@ -287,7 +278,7 @@ std::string info_help() {
       "    pageable_memory_access_everywhere\n"
       "                         true when there is a device and every one reports it\n"
       "    backends.<name>      for " +
-      backend_names() +
+      backend_list() +
       ":\n"
       "      cuda (bool: uses the driver), works (bool: 2 MiB allocated and released)\n"
       "    ok                   true when a CUDA backend works (exit status 0)\n"
