@@ -63,6 +63,37 @@ namespace {
 constexpr std::size_t kMaxShadows = SegmentTable::kCapacity;
 // The image's size: every user address (ownership_map.hpp) is an offset.
 constexpr std::uint64_t kImageBytes = std::uint64_t{1} << kAddressBits;
+// A fork soon after the last one shares its base: the forks of a pool of
+// workers or a data loader come a few milliseconds apart; a server's
+// periodic fork (a snapshot a minute) gets an image of its own.
+constexpr std::uint64_t kReuseWindowNs = 2'000'000'000;
+// A delta whose pages reach half the base's makes the next fork a base.
+// Runs of a delta are mappings in the child (the kernel allows 65,530 by
+// default, the program's own among them): past kMaxDeltaRuns the fork
+// makes a new base instead.
+constexpr std::size_t kMaxDeltaRuns = 8192;
+constexpr std::size_t kWindowPages = std::size_t{1} << 16;  // mincore's: 256 MiB of 4 KiB pages
+constexpr std::size_t kBounceBytes = std::size_t{2} << 20;  // copy_out's destination
+constexpr std::size_t kCompareBytes = 64 * 1024;            // the base's pages, read to compare
+
+// A descriptor kept as fd + 1, so that "none" is zero: the fork's state
+// below is then all zeros until a fork, and lives in .bss (a -1 in it put
+// 786 KB of arrays into the library's data).
+class Descriptor {
+ public:
+  bool open() const noexcept { return plus_one_ != 0; }
+  int fd() const noexcept { return plus_one_ - 1; }
+  void set(int fd) noexcept { plus_one_ = fd + 1; }
+  void close() noexcept {
+    if (open()) platform::fork_image::close(fd());
+    plus_one_ = 0;
+  }
+  // Another Descriptor holds it now, or it is not this process's.
+  void forget() noexcept { plus_one_ = 0; }
+
+ private:
+  int plus_one_ = 0;
+};
 
 // A segment the child gets from the image.
 struct Shadow {
@@ -78,34 +109,19 @@ struct Shadow {
 };
 
 // The image kept for the children of the forks that follow (see above):
-// what it holds, by address. Under the fork's serialisation (the fork lock,
-// the table lock) or g_base_use.
+// what it holds, by address.
 struct BaseImage {
-  int fd = -1;
+  Descriptor fd;
   Shadow segments[SegmentTable::kCapacity];  // target, size, marks: pages it holds
   std::size_t count = 0;
   std::uint64_t pages = 0;        // pages it holds
   std::uint64_t delta_pages = 0;  // the last delta's
   std::uint64_t last_fork_ns = 0;
 };
-constinit BaseImage g_base;
-// Who may touch g_base: kBaseFree, a fork (kBaseForking, from open_image to
-// close_image), or the release of an idle base (kBaseReleasing).
+
+// Who may touch the base: kBaseFree, a fork (kBaseForking, from open_image
+// to close_image), or the release of an idle base (kBaseReleasing).
 enum BaseUse : int { kBaseFree, kBaseForking, kBaseReleasing };
-constinit std::atomic<int> g_base_use{kBaseFree};
-// When an idle base may be released (0: no base).
-constinit std::atomic<std::uint64_t> g_base_deadline{0};
-// A fork soon after the last one shares its base: the forks of a pool of
-// workers or a data loader come a few milliseconds apart; a server's
-// periodic fork (a snapshot a minute) gets an image of its own.
-constexpr std::uint64_t kReuseWindowNs = 2'000'000'000;
-// A delta whose pages reach half the base's makes the next fork a base.
-// Runs of a delta are mappings in the child (the kernel allows 65,530 by
-// default, the program's own among them): past kMaxDeltaRuns the fork
-// makes a new base instead.
-constexpr std::size_t kMaxDeltaRuns = 8192;
-constinit bool g_delta = false;  // the open image is a delta over g_base
-constinit std::uint64_t g_delta_pages = 0;
 
 // A segment the child lacks and has no copy of (the image could not take it).
 struct Missing {
@@ -113,26 +129,56 @@ struct Missing {
   std::size_t size = 0;
 };
 
-// prepare_fork's shadows, for the child (under the table lock until the fork
-// is over). Statics: none of this may allocate.
-constinit Shadow g_shadows[kMaxShadows] = {};
-constinit std::size_t g_shadow_count = 0;
-constinit Missing g_missing[kMaxShadows] = {};
-constinit std::size_t g_missing_count = 0;
-constinit long g_parent_pid = 0;
-constinit int g_image = -1;  // the fork's image (memfd), shared by both passes
-
-// copy_early's shadows, until the prepare_fork of the same thread adopts them.
-constinit Shadow g_early[kMaxShadows] = {};
-constinit std::size_t g_early_count = 0;
-constinit std::atomic<long> g_early_thread{0};  // set once the shadows are complete
-constinit SegmentTable::Entry g_snapshot[kMaxShadows] = {};
-
 // kPending from prepare_fork until the fork is over (parent) or the child has
 // taken its copy.
 enum ChildState : int { kIdle, kPending, kRestored };
-constinit std::atomic<int> g_child_state{kIdle};
-constinit bool g_child_complete = true;  // in the child: every segment was restored
+
+// A pass's buffers (the two passes run under different locks).
+struct Scratch {
+  unsigned char residency[kWindowPages] = {};  // mincore's answer for a window
+  unsigned char base_pages[kCompareBytes] = {};
+};
+
+// The fork path's state, all of it. None of it may allocate (a fork may come
+// from a signal handler, or while another thread holds the heap), hence
+// fixed arrays; all zeros until a fork.
+struct ForkCopy {
+  // The base kept for the forks that follow, and who may touch it.
+  BaseImage base;
+  std::atomic<int> base_use{kBaseFree};
+  std::atomic<std::uint64_t> base_deadline{0};  // when an idle base may go (0: no base)
+
+  // This fork's image (both passes write into it), a delta over the base or not.
+  Descriptor image;
+  bool delta = false;
+  std::uint64_t delta_pages = 0;
+
+  // RLIMIT_FSIZE, lifted for the copy (lift_file_size_limit).
+  bool fsize_lifted = false;
+  std::uint64_t fsize_soft = 0;  // the program's, while lifted
+
+  // prepare_fork's shadows, for the child (under the table lock until the
+  // fork is over).
+  Shadow shadows[kMaxShadows];
+  std::size_t shadow_count = 0;
+  Missing missing[kMaxShadows];
+  std::size_t missing_count = 0;
+  long parent_pid = 0;
+
+  // copy_early's shadows, until the prepare_fork of the same thread adopts them.
+  Shadow early[kMaxShadows];
+  std::size_t early_count = 0;
+  std::atomic<long> early_thread{0};  // set once the shadows are complete
+  SegmentTable::Entry snapshot[kMaxShadows];
+
+  std::atomic<int> child_state{kIdle};
+  bool child_incomplete = false;  // in the child: a segment could not be restored
+
+  Scratch cpu_pass;                            // prepare_fork's, under the table lock
+  Scratch early_pass;                          // copy_early's, under the fork lock
+  unsigned char fault_bounce[64 * 1024] = {};  // write_image's, under the fork lock
+};
+constinit ForkCopy g_fork;
 
 bool inherited(BackendId id) noexcept {
   return g_state.forked_child ||
@@ -163,25 +209,23 @@ void* map_anonymous(std::size_t size) noexcept {
 // open_image fails, and so does the fork (ENOMEM) where the wrapper can
 // still refuse it.
 constexpr std::uint64_t kUnlimited = platform::fork_image::kUnlimited;
-constinit std::uint64_t g_fsize_soft = kUnlimited;  // the program's, while lifted
-constinit bool g_fsize_lifted = false;
 
 bool lift_file_size_limit() noexcept {
   std::uint64_t soft = 0;
   std::uint64_t hard = 0;
   if (!platform::fork_image::file_size_limit(&soft, &hard)) return true;
   if (hard != kUnlimited) return false;
-  if (soft == kUnlimited || g_fsize_lifted) return true;
-  g_fsize_soft = soft;
+  if (soft == kUnlimited || g_fork.fsize_lifted) return true;
+  g_fork.fsize_soft = soft;
   if (!platform::fork_image::set_file_size_soft_limit(kUnlimited, kUnlimited)) return false;
-  g_fsize_lifted = true;
+  g_fork.fsize_lifted = true;
   return true;
 }
 
 void restore_file_size_limit() noexcept {
-  if (!g_fsize_lifted) return;
-  platform::fork_image::set_file_size_soft_limit(g_fsize_soft, kUnlimited);
-  g_fsize_lifted = false;
+  if (!g_fork.fsize_lifted) return;
+  platform::fork_image::set_file_size_soft_limit(g_fork.fsize_soft, kUnlimited);
+  g_fork.fsize_lifted = false;
 }
 
 // Page bitmaps (Shadow::early, Shadow::marks): anonymous memory, which a
@@ -208,21 +252,21 @@ void set_bit(std::uint64_t* bits, std::size_t i, bool on) noexcept {
 // Closes the base (the children that map it keep it). Under kBaseForking or
 // kBaseReleasing, or in a child.
 void drop_base() noexcept {
-  for (std::size_t i = 0; i < g_base.count; ++i) {
-    unmap_bits(g_base.segments[i].marks, g_base.segments[i].marks_map_bytes);
+  for (std::size_t i = 0; i < g_fork.base.count; ++i) {
+    unmap_bits(g_fork.base.segments[i].marks, g_fork.base.segments[i].marks_map_bytes);
   }
-  g_base.count = 0;
-  g_base.pages = 0;
-  g_base.delta_pages = 0;
-  if (g_base.fd >= 0) platform::fork_image::close(g_base.fd);
-  g_base.fd = -1;
+  g_fork.base.count = 0;
+  g_fork.base.pages = 0;
+  g_fork.base.delta_pages = 0;
+  g_fork.base.fd.close();
 }
 
-// Takes g_base for this fork (a release of an idle base in progress on
+// Takes g_fork.base for this fork (a release of an idle base in progress on
 // another thread is short: it closes one descriptor and unmaps bitmaps).
 void use_base() noexcept {
   int expected = kBaseFree;
-  while (!g_base_use.compare_exchange_weak(expected, kBaseForking, std::memory_order_acquire)) {
+  while (
+      !g_fork.base_use.compare_exchange_weak(expected, kBaseForking, std::memory_order_acquire)) {
     if (expected == kBaseForking) return;  // this fork's already
     expected = kBaseFree;
     Os::pause(0);
@@ -232,8 +276,8 @@ void use_base() noexcept {
 // Whether this fork's image can be a delta over the base: a base there is,
 // a fork came within the window, and the last delta stayed small.
 bool base_reusable() noexcept {
-  return g_base.fd >= 0 && Os::monotonic_ns() - g_base.last_fork_ns <= kReuseWindowNs &&
-         g_base.delta_pages <= g_base.pages / 2;
+  return g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns <= kReuseWindowNs &&
+         g_fork.base.delta_pages <= g_fork.base.pages / 2;
 }
 
 void close_image() noexcept;
@@ -243,16 +287,16 @@ void close_image() noexcept;
 // it behind. A delta over the base when the base serves (see above);
 // `fresh` asks for a base whatever the base (a delta that would not do).
 bool open_image(bool fresh = false) noexcept {
-  if (g_image >= 0) return true;
+  if (g_fork.image.open()) return true;
   if (!lift_file_size_limit()) return false;
   use_base();
-  g_delta = !fresh && base_reusable();
-  if (!g_delta) drop_base();
-  g_delta_pages = 0;
+  g_fork.delta = !fresh && base_reusable();
+  if (!g_fork.delta) drop_base();
+  g_fork.delta_pages = 0;
   const int fd = platform::fork_image::create(
-      g_delta ? "mnemosyne-fork-delta" : "mnemosyne-fork-heap", kImageBytes);
+      g_fork.delta ? "mnemosyne-fork-delta" : "mnemosyne-fork-heap", kImageBytes);
   if (fd >= 0) {
-    g_image = fd;
+    g_fork.image.set(fd);
     return true;
   }
   close_image();
@@ -260,12 +304,11 @@ bool open_image(bool fresh = false) noexcept {
 }
 
 void close_image() noexcept {
-  if (g_image >= 0) platform::fork_image::close(g_image);
-  g_image = -1;
-  g_delta = false;
+  g_fork.image.close();
+  g_fork.delta = false;
   restore_file_size_limit();
-  if (g_base_use.load(std::memory_order_relaxed) == kBaseForking) {
-    g_base_use.store(kBaseFree, std::memory_order_release);
+  if (g_fork.base_use.load(std::memory_order_relaxed) == kBaseForking) {
+    g_fork.base_use.store(kBaseFree, std::memory_order_release);
   }
 }
 
@@ -274,18 +317,19 @@ void close_image() noexcept {
 // where it cannot (EFAULT: memory whose pages a driver maps in only from its
 // own fault handler, as the test double does with pages it holds "on the
 // device"), the bytes go through a buffer, read by this thread.
-constinit unsigned char g_fault_bounce[64 * 1024];  // under the fork lock
 
 bool write_image(const void* at, const void* src, std::size_t size) noexcept {
   auto* from = static_cast<const unsigned char*>(src);
   auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at));
   while (size > 0) {
     int err = 0;
-    long n = platform::fork_image::write_at(g_image, from, size, offset, &err);
+    long n = platform::fork_image::write_at(g_fork.image.fd(), from, size, offset, &err);
     if (n < 0 && err == EFAULT) {
-      const std::size_t piece = size < sizeof g_fault_bounce ? size : sizeof g_fault_bounce;
-      std::memcpy(g_fault_bounce, from, piece);
-      n = platform::fork_image::write_at(g_image, g_fault_bounce, piece, offset, &err);
+      const std::size_t piece =
+          size < sizeof g_fork.fault_bounce ? size : sizeof g_fork.fault_bounce;
+      std::memcpy(g_fork.fault_bounce, from, piece);
+      n = platform::fork_image::write_at(g_fork.image.fd(), g_fork.fault_bounce, piece, offset,
+                                         &err);
     }
     if (n <= 0) return false;
     from += n;
@@ -328,14 +372,6 @@ struct Pass {
   std::size_t pending_size = 0;
 };
 
-constexpr std::size_t kWindowPages = std::size_t{1} << 16;  // 256 MiB of 4 KiB pages
-constexpr std::size_t kBounceBytes = std::size_t{2} << 20;
-constinit unsigned char g_residency[kWindowPages];        // prepare_fork's, under the table lock
-constinit unsigned char g_early_residency[kWindowPages];  // copy_early's, under the fork lock
-constexpr std::size_t kCompareBytes = 64 * 1024;
-constinit unsigned char g_base_pages[kCompareBytes];        // prepare_fork's
-constinit unsigned char g_early_base_pages[kCompareBytes];  // copy_early's
-
 bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
   return s.early != nullptr && bit(s.early, page_index);
 }
@@ -362,7 +398,7 @@ void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
   for (std::size_t done = 0; done < size && !pass.failed;) {
     const std::size_t n = size - done < kCompareBytes ? size - done : kCompareBytes;
     const auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at + done));
-    long got = platform::fork_image::read_at(g_base.fd, pass.base_pages, n, offset);
+    long got = platform::fork_image::read_at(g_fork.base.fd.fd(), pass.base_pages, n, offset);
     if (got < 0) got = 0;  // unreadable: every page counts as different
     for (std::size_t i = 0; i < n; i += page) {
       const bool same = static_cast<std::size_t>(got) >= i + page &&
@@ -381,7 +417,7 @@ void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
 }
 
 void put(Pass& pass, const unsigned char* at, const unsigned char* src, std::size_t size) noexcept {
-  if (g_delta) return put_delta(pass, at, src, size);
+  if (g_fork.delta) return put_delta(pass, at, src, size);
   write_pages(pass, at, src, size);
   // A base: what it holds.
   const std::size_t page = Os::page_size();
@@ -528,11 +564,11 @@ bool map_bitmap(Shadow& s) noexcept {
 bool begin_marks(Shadow& s) noexcept {
   const std::size_t page = Os::page_size();
   s.marks = map_bits(s.size / page, &s.marks_map_bytes);
-  if (s.marks == nullptr || !g_delta) return s.marks != nullptr;
+  if (s.marks == nullptr || !g_fork.delta) return s.marks != nullptr;
   const auto lo = reinterpret_cast<std::uintptr_t>(s.target);
   const std::uintptr_t hi = lo + s.size;
-  for (std::size_t b = 0; b < g_base.count; ++b) {
-    const Shadow& held = g_base.segments[b];
+  for (std::size_t b = 0; b < g_fork.base.count; ++b) {
+    const Shadow& held = g_fork.base.segments[b];
     const auto held_lo = reinterpret_cast<std::uintptr_t>(held.target);
     const std::uintptr_t from = held_lo > lo ? held_lo : lo;
     const std::uintptr_t to = held_lo + held.size < hi ? held_lo + held.size : hi;
@@ -548,19 +584,19 @@ void drop_marks(Shadow& s) noexcept {
 }
 
 void drop_early() noexcept {
-  g_early_thread.store(0, std::memory_order_relaxed);
-  for (std::size_t i = 0; i < g_early_count; ++i) {
-    drop_bitmap(g_early[i]);
-    drop_marks(g_early[i]);
+  g_fork.early_thread.store(0, std::memory_order_relaxed);
+  for (std::size_t i = 0; i < g_fork.early_count; ++i) {
+    drop_bitmap(g_fork.early[i]);
+    drop_marks(g_fork.early[i]);
   }
-  g_early_count = 0;
+  g_fork.early_count = 0;
 }
 
 // Moves copy_early's bitmap of table entry `serial` into `out`; false when
 // there is none (the image is shared: nothing else moves).
 bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
-  for (std::size_t i = 0; i < g_early_count; ++i) {
-    Shadow& s = g_early[i];
+  for (std::size_t i = 0; i < g_fork.early_count; ++i) {
+    Shadow& s = g_fork.early[i];
     if (s.early == nullptr || s.serial != serial) continue;
     out.early = s.early;
     out.early_map_bytes = s.early_map_bytes;
@@ -600,7 +636,7 @@ bool copy_early() noexcept {
   // it cannot be made, the fork fails (ENOMEM) instead of giving a child
   // without its heap. prepare_fork adopts it.
   if (!open_image()) return false;
-  g_early_thread.store(Os::thread_id(), std::memory_order_release);
+  g_fork.early_thread.store(Os::thread_id(), std::memory_order_release);
   // driver_state(), not driver_api(): a process whose driver was never loaded
   // (the host backend) must not load it to fork.
   if (driver_state() != DriverState::ready) return true;
@@ -611,7 +647,7 @@ bool copy_early() noexcept {
     for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
       const SegmentTable::Entry& e = entries[i];
       if (e.used && !inherited(e.segment.backend) && data_off_cpu(e.segment.backend)) {
-        g_snapshot[n++] = e;
+        g_fork.snapshot[n++] = e;
       }
     }
     // The arenas listed are read below, outside the lock: one retired
@@ -622,22 +658,22 @@ bool copy_early() noexcept {
   auto* bounce = static_cast<unsigned char*>(map_anonymous(kBounceBytes));
   bool ok = bounce != nullptr;
   for (std::size_t i = 0; i < n && ok; ++i) {
-    Shadow& s = g_early[g_early_count];
-    describe(s, g_snapshot[i]);
+    Shadow& s = g_fork.early[g_fork.early_count];
+    describe(s, g_fork.snapshot[i]);
     if (!map_bitmap(s) || !begin_marks(s)) {
       drop_bitmap(s);
       drop_marks(s);
       ok = false;
       break;
     }
-    ++g_early_count;
+    ++g_fork.early_count;
     // An arena's memory is not given back while this walk reads it
     // (fork_readers), so reading its metadata here, outside the table lock,
     // is safe; a dedicated block freed meanwhile only makes copy_out fail,
     // and the table no longer lists it.
-    Pass pass{
-        &s, g_snapshot[i].segment.backend, true, g_early_residency, bounce, g_early_base_pages};
-    copy_segment(g_snapshot[i], pass);
+    Pass pass{&s,     g_fork.snapshot[i].segment.backend, true, g_fork.early_pass.residency,
+              bounce, g_fork.early_pass.base_pages};
+    copy_segment(g_fork.snapshot[i], pass);
     add_copied(pass);
     ok = !pass.failed;
   }
@@ -652,27 +688,28 @@ bool copy_early() noexcept {
 }
 
 void end_early() noexcept {
-  if (g_early_thread.load(std::memory_order_acquire) == Os::thread_id()) drop_early();
+  if (g_fork.early_thread.load(std::memory_order_acquire) == Os::thread_id()) drop_early();
   close_image();  // the parent's; a child has its own descriptor
 }
 
 namespace {
 
 // One walk: every segment a child does not inherit, into the image (its
-// shadows in g_shadows, those it could not copy in g_missing).
+// shadows in g_fork.shadows, those it could not copy in g_fork.missing).
 void copy_all(bool adopt) noexcept {
-  g_shadow_count = 0;
-  g_missing_count = 0;
+  g_fork.shadow_count = 0;
+  g_fork.missing_count = 0;
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];
     if (!e.used || inherited(e.segment.backend)) continue;
-    Shadow& s = g_shadows[g_shadow_count];
+    Shadow& s = g_fork.shadows[g_fork.shadow_count];
     describe(s, e);
     if (adopt) adopt_early(e.serial, s);
     bool ok = open_image() && (s.marks != nullptr || begin_marks(s));
     if (ok) {
-      Pass pass{&s, e.segment.backend, false, g_residency, nullptr, g_base_pages};
+      Pass pass{&s,      e.segment.backend,         false, g_fork.cpu_pass.residency,
+                nullptr, g_fork.cpu_pass.base_pages};
       copy_segment(e, pass);
       add_copied(pass);
       ok = !pass.failed;
@@ -680,26 +717,26 @@ void copy_all(bool adopt) noexcept {
     drop_bitmap(s);  // the child has no use for it
     if (!ok) {
       drop_marks(s);
-      g_missing[g_missing_count++] = Missing{e.segment.start, e.segment.size};
+      g_fork.missing[g_fork.missing_count++] = Missing{e.segment.start, e.segment.size};
       continue;
     }
-    ++g_shadow_count;
+    ++g_fork.shadow_count;
   }
 }
 
 // A delta's runs of marked pages (a mapping each in the child), and its
-// pages (g_delta_pages).
+// pages (g_fork.delta_pages).
 std::size_t count_delta_runs() noexcept {
   std::size_t runs = 0;
-  g_delta_pages = 0;
-  for (std::size_t i = 0; i < g_shadow_count; ++i) {
-    const Shadow& s = g_shadows[i];
+  g_fork.delta_pages = 0;
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+    const Shadow& s = g_fork.shadows[i];
     const std::size_t pages = s.size / Os::page_size();
     bool in_run = false;
     for (std::size_t p = 0; p < pages; ++p) {
       const bool on = bit(s.marks, p);
       runs += on && !in_run;
-      g_delta_pages += on;
+      g_fork.delta_pages += on;
       in_run = on;
     }
   }
@@ -709,24 +746,24 @@ std::size_t count_delta_runs() noexcept {
 // After the fork, in the parent: a complete base image is kept for the forks
 // that follow; a delta leaves its size, for the next fork to judge.
 void keep_image() noexcept {
-  if (g_image >= 0 && g_delta) {
-    g_base.delta_pages = g_delta_pages;
-    g_base.last_fork_ns = Os::monotonic_ns();
-  } else if (g_image >= 0 && g_missing_count == 0) {
+  if (g_fork.image.open() && g_fork.delta) {
+    g_fork.base.delta_pages = g_fork.delta_pages;
+    g_fork.base.last_fork_ns = Os::monotonic_ns();
+  } else if (g_fork.image.open() && g_fork.missing_count == 0) {
     drop_base();
-    for (std::size_t i = 0; i < g_shadow_count; ++i) {
-      Shadow& held = g_base.segments[g_base.count++];
-      held = g_shadows[i];
-      g_shadows[i].marks = nullptr;
+    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+      Shadow& held = g_fork.base.segments[g_fork.base.count++];
+      held = g_fork.shadows[i];
+      g_fork.shadows[i].marks = nullptr;
       for (std::size_t w = 0; w < held.marks_map_bytes / sizeof(std::uint64_t); ++w) {
-        g_base.pages += static_cast<std::uint64_t>(__builtin_popcountll(held.marks[w]));
+        g_fork.base.pages += static_cast<std::uint64_t>(__builtin_popcountll(held.marks[w]));
       }
     }
-    g_base.fd = g_image;
-    g_image = -1;
-    g_base.last_fork_ns = Os::monotonic_ns();
+    g_fork.base.fd = g_fork.image;
+    g_fork.image.forget();
+    g_fork.base.last_fork_ns = Os::monotonic_ns();
   }
-  for (std::size_t i = 0; i < g_shadow_count; ++i) drop_marks(g_shadows[i]);
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) drop_marks(g_fork.shadows[i]);
 }
 
 }  // namespace
@@ -739,17 +776,17 @@ void prepare_fork() noexcept {
   g_state.fork_readers.fetch_add(1, std::memory_order_seq_cst);
   // Nor is backing given up under what it reads (pinned granules, PIN=vmm).
   hold_backing(true);
-  g_parent_pid = Os::process_id();
-  const bool adopt = g_early_thread.load(std::memory_order_acquire) == Os::thread_id();
+  g_fork.parent_pid = Os::process_id();
+  const bool adopt = g_fork.early_thread.load(std::memory_order_acquire) == Os::thread_id();
   if (!adopt) close_image();  // not this fork's: another thread's early copy, long over
   // Nor is the base released while this fork may read it, or the child
   // inherits it.
   use_base();
   copy_all(adopt);
-  if (g_delta && count_delta_runs() > kMaxDeltaRuns) {
+  if (g_fork.delta && count_delta_runs() > kMaxDeltaRuns) {
     // Too scattered for the child's mappings: this fork makes a base, every
     // page read again with the CPU.
-    for (std::size_t i = 0; i < g_shadow_count; ++i) drop_marks(g_shadows[i]);
+    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) drop_marks(g_fork.shadows[i]);
     close_image();
     drop_early();
     use_base();
@@ -758,34 +795,37 @@ void prepare_fork() noexcept {
   }
   if (adopt) drop_early();    // bitmaps of segments released since copy_early
   restore_file_size_limit();  // before the fork: the child inherits the program's
-  g_child_complete = g_missing_count == 0;
-  g_child_state.store(kPending, std::memory_order_release);
+  g_fork.child_incomplete = g_fork.missing_count != 0;
+  g_fork.child_state.store(kPending, std::memory_order_release);
 }
 
 void parent_after_fork() noexcept {
   hold_backing(false);
   g_state.fork_readers.fetch_sub(1, std::memory_order_seq_cst);
-  g_child_state.store(kIdle, std::memory_order_release);
+  g_fork.child_state.store(kIdle, std::memory_order_release);
   keep_image();
-  g_shadow_count = 0;
+  g_fork.shadow_count = 0;
   close_image();  // the child holds its own descriptor to it
-  if (g_base.fd >= 0) {
-    g_base_deadline.store(g_base.last_fork_ns + kReuseWindowNs, std::memory_order_release);
+  if (g_fork.base.fd.open()) {
+    g_fork.base_deadline.store(g_fork.base.last_fork_ns + kReuseWindowNs,
+                               std::memory_order_release);
   }
   g_state.table.lock().unlock();
 }
 
 void release_idle_fork_image() noexcept {
-  const std::uint64_t deadline = g_base_deadline.load(std::memory_order_acquire);
+  const std::uint64_t deadline = g_fork.base_deadline.load(std::memory_order_acquire);
   if (deadline == 0 || Os::monotonic_ns() < deadline) return;
   int expected = kBaseFree;
-  if (!g_base_use.compare_exchange_strong(expected, kBaseReleasing, std::memory_order_acquire)) {
+  if (!g_fork.base_use.compare_exchange_strong(expected, kBaseReleasing,
+                                               std::memory_order_acquire)) {
     return;  // a fork uses it
   }
   const int saved_errno = errno;
-  if (g_base.fd >= 0 && Os::monotonic_ns() - g_base.last_fork_ns > kReuseWindowNs) drop_base();
-  if (g_base.fd < 0) g_base_deadline.store(0, std::memory_order_relaxed);
-  g_base_use.store(kBaseFree, std::memory_order_release);
+  if (g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns > kReuseWindowNs)
+    drop_base();
+  if (!g_fork.base.fd.open()) g_fork.base_deadline.store(0, std::memory_order_relaxed);
+  g_fork.base_use.store(kBaseFree, std::memory_order_release);
   errno = saved_errno;
 }
 
@@ -800,8 +840,8 @@ bool map_image(int file, unsigned char* at, std::size_t size) noexcept {
 // the delta's runs over it.
 bool map_shadow(const Shadow& s) noexcept {
   auto* target = static_cast<unsigned char*>(s.target);
-  if (!g_delta) return map_image(g_image, target, s.size);
-  if (!map_image(g_base.fd, target, s.size)) return false;
+  if (!g_fork.delta) return map_image(g_fork.image.fd(), target, s.size);
+  if (!map_image(g_fork.base.fd.fd(), target, s.size)) return false;
   const std::size_t page = Os::page_size();
   const std::size_t pages = s.size / page;
   for (std::size_t p = 0; p < pages;) {
@@ -811,7 +851,7 @@ bool map_shadow(const Shadow& s) noexcept {
     }
     std::size_t q = p + 1;
     while (q < pages && bit(s.marks, q)) ++q;
-    if (!map_image(g_image, target + p * page, (q - p) * page)) return false;
+    if (!map_image(g_fork.image.fd(), target + p * page, (q - p) * page)) return false;
     p = q;
   }
   return true;
@@ -821,14 +861,14 @@ bool map_shadow(const Shadow& s) noexcept {
 // they took of it). A release that was under way on another thread at the
 // fork left its state half-way: then only forgotten.
 void forget_base() noexcept {
-  if (g_base_use.load(std::memory_order_relaxed) == kBaseReleasing) {
-    g_base.fd = -1;
-    g_base.count = 0;
+  if (g_fork.base_use.load(std::memory_order_relaxed) == kBaseReleasing) {
+    g_fork.base.fd.forget();
+    g_fork.base.count = 0;
   } else {
     drop_base();
   }
-  g_base_use.store(kBaseFree, std::memory_order_relaxed);
-  g_base_deadline.store(0, std::memory_order_relaxed);
+  g_fork.base_use.store(kBaseFree, std::memory_order_relaxed);
+  g_fork.base_deadline.store(0, std::memory_order_relaxed);
 }
 
 // In the child: maps the image at every shadow's target, and an
@@ -839,12 +879,12 @@ void restore_once() noexcept {
   Os::SignalMask old;
   platform::fork_image::block_all_signals(&old);
   int expected = kPending;
-  if (g_child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
-    for (std::size_t i = 0; i < g_shadow_count; ++i) {
-      Shadow& s = g_shadows[i];
+  if (g_fork.child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
+    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+      Shadow& s = g_fork.shadows[i];
       if (!map_shadow(s)) {
-        g_missing[g_missing_count++] = Missing{s.target, s.size};
-        g_child_complete = false;
+        g_fork.missing[g_fork.missing_count++] = Missing{s.target, s.size};
+        g_fork.child_incomplete = true;
       }
       drop_marks(s);
     }
@@ -853,8 +893,8 @@ void restore_once() noexcept {
     // What has no copy is never shown as zeros (a child running on wrong
     // data is worse than one that stops): the range is reserved with no
     // access, and a touch of it ends the child with SIGSEGV.
-    for (std::size_t i = 0; i < g_missing_count; ++i) {
-      platform::fork_image::reserve_inaccessible(g_missing[i].start, g_missing[i].size);
+    for (std::size_t i = 0; i < g_fork.missing_count; ++i) {
+      platform::fork_image::reserve_inaccessible(g_fork.missing[i].start, g_fork.missing[i].size);
     }
     mnemosyne_mi_fork_child();  // the copy is older than the fork: see mimalloc-live.h
   }
@@ -875,20 +915,21 @@ bool in_copied_segment(const void* addr) noexcept {
 }  // namespace
 
 bool lost_in_child(const void* addr) noexcept {
-  if (g_child_state.load(std::memory_order_acquire) != kRestored ||
-      Os::process_id() == g_parent_pid) {
+  if (g_fork.child_state.load(std::memory_order_acquire) != kRestored ||
+      Os::process_id() == g_fork.parent_pid) {
     return false;
   }
   const auto a = reinterpret_cast<std::uintptr_t>(addr);
-  for (std::size_t i = 0; i < g_missing_count; ++i) {
-    if (a - reinterpret_cast<std::uintptr_t>(g_missing[i].start) < g_missing[i].size) return true;
+  for (std::size_t i = 0; i < g_fork.missing_count; ++i) {
+    if (a - reinterpret_cast<std::uintptr_t>(g_fork.missing[i].start) < g_fork.missing[i].size)
+      return true;
   }
   return false;
 }
 
 bool restore_child_heap(const void* addr) noexcept {
-  if (g_child_state.load(std::memory_order_acquire) != kPending) return false;
-  if (Os::process_id() == g_parent_pid || !in_copied_segment(addr)) return false;
+  if (g_fork.child_state.load(std::memory_order_acquire) != kPending) return false;
+  if (Os::process_id() == g_fork.parent_pid || !in_copied_segment(addr)) return false;
   restore_once();
   return true;
 }
@@ -899,19 +940,19 @@ bool child_after_fork() noexcept {
   // A child whose fork made no copy (a _Fork from a signal handler while
   // another thread's fork had not copied yet) lacks every segment that is not
   // inherited. kRestored means the first fault here already put the copy in.
-  if (g_child_state.load(std::memory_order_acquire) == kIdle && any_segment_needs_copy()) {
-    g_child_complete = false;
+  if (g_fork.child_state.load(std::memory_order_acquire) == kIdle && any_segment_needs_copy()) {
+    g_fork.child_incomplete = true;
   }
   restore_once();
   close_image();  // a child that took no copy (a nested fork's) has one open too
   forget_base();
-  const bool ok = g_child_complete;
-  g_shadow_count = 0;
-  g_missing_count = 0;
+  const bool ok = !g_fork.child_incomplete;
+  g_fork.shadow_count = 0;
+  g_fork.missing_count = 0;
   // copy_early's shadows, if another thread of the parent was making them,
   // are the parent's: forget them here.
-  g_early_count = 0;
-  g_early_thread.store(0, std::memory_order_relaxed);
+  g_fork.early_count = 0;
+  g_fork.early_thread.store(0, std::memory_order_relaxed);
   // The driver must never be called here, and segments are the child's own
   // memory from now on: new ones come from the host backend, and a fork of
   // this child copies nothing.
@@ -920,7 +961,7 @@ bool child_after_fork() noexcept {
   provider_enter_forked_child();
   g_state.backend.store(BackendId::host);
   g_state.exhausted.store(false);
-  pthread_mutex_init(&g_state.grow_lock, nullptr);
+  g_state.grow_lock.reset();
   if (!ok) {
     // Some of the heap could not be restored: no arena block may be touched
     // again. Re-tag every segment as an unknown dedicated block, so that a
