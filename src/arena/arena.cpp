@@ -1,8 +1,6 @@
 #include "arena/arena.hpp"
 
 #include <errno.h>
-#include <pthread.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -53,7 +51,7 @@ constexpr int kMaxArenas = 60;
 // whatever they do.
 constexpr std::uint64_t kGrowStallNs = std::uint64_t{2} * 1000000000u;
 constexpr std::uint64_t kGrowWaitCapNs = std::uint64_t{60} * 1000000000u;
-constexpr long kGrowPollNs = 100 * 1000 * 1000;
+constexpr std::uint64_t kGrowPollNs = 100 * 1000 * 1000;
 constexpr std::size_t kMaxArenaSize = std::size_t{1} << 40;
 
 void warn(const char* line) noexcept {
@@ -286,14 +284,7 @@ bool lock_grow() noexcept {
   long grower = -1;
   std::uint64_t work = 0;  // CPU ns of the grower and the driver's threads, driver calls
   for (;;) {
-    timespec deadline;
-    clock_gettime(CLOCK_REALTIME, &deadline);
-    deadline.tv_nsec += kGrowPollNs;
-    if (deadline.tv_nsec >= 1000000000) {
-      deadline.tv_sec += 1;
-      deadline.tv_nsec -= 1000000000;
-    }
-    if (pthread_mutex_timedlock(&g_state.grow_lock, &deadline) == 0) {
+    if (g_state.grow_lock.lock_within(kGrowPollNs)) {
       g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
       return true;
     }
@@ -327,7 +318,7 @@ bool grow(std::size_t min_bytes, std::uint32_t seen) noexcept {
       std::snprintf(g_state.exhausted_reason, sizeof g_state.exhausted_reason, "%s", why);
     }
   }
-  pthread_mutex_unlock(&g_state.grow_lock);
+  g_state.grow_lock.unlock();
   // Arenas the backend frees only whole are given back when unused: a thread
   // does that, started here, outside mimalloc and the lock.
   if (ok) start_retiring();
@@ -554,7 +545,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   g_state.backend.store(cfg.backend);
   g_state.next_arena_size = std::max(round_up(cfg.first_segment, kSegmentAlign), kSegmentAlign);
   char why[kReasonLen] = {};
-  pthread_mutex_lock(&g_state.grow_lock);
+  g_state.grow_lock.lock();
   g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
   bool ok = add_arena_locked(0, why, sizeof why);
   if (!ok && cfg.backend != BackendId::host) {
@@ -570,7 +561,7 @@ bool start(const Config& cfg, StartReport* report) noexcept {
       ok = add_arena_locked(0, why, sizeof why);
     }
   }
-  pthread_mutex_unlock(&g_state.grow_lock);
+  g_state.grow_lock.unlock();
   report->active = g_state.backend.load();
   return ok;
 }

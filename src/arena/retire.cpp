@@ -36,8 +36,6 @@
 // such walk is over (fork_readers).
 #include "arena/retire.hpp"
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cstdint>
 
@@ -157,7 +155,7 @@ std::size_t pass(void** marked, std::size_t count, std::uint64_t* discard_from,
                  std::uint64_t* discard_to) noexcept {
   void* unused[kMaxArenaSlots];
   std::size_t found = 0;
-  pthread_mutex_lock(&g_state.grow_lock);
+  g_state.grow_lock.lock();
   g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
   discard_freed_locked(*discard_from, *discard_to);
   *discard_from = *discard_to;
@@ -178,7 +176,7 @@ std::size_t pass(void** marked, std::size_t count, std::uint64_t* discard_from,
     for (std::size_t j = 0; j < count && !seen_before; ++j) seen_before = marked[j] == unused[i];
     if (!seen_before || !retire_locked(unused[i])) unused[still++] = unused[i];
   }
-  pthread_mutex_unlock(&g_state.grow_lock);
+  g_state.grow_lock.unlock();
   for (std::size_t i = 0; i < still; ++i) marked[i] = unused[i];
   return still;
 }

@@ -2,8 +2,6 @@
 // no allocation inside). Constant-initialized, so usable before constructors.
 #pragma once
 
-#include <sched.h>
-
 #include <atomic>
 
 #include "platform/platform.hpp"
@@ -14,7 +12,7 @@ class SpinLock {
  public:
   void lock() noexcept {
     while (flag_.exchange(true, std::memory_order_acquire)) {
-      while (flag_.load(std::memory_order_relaxed)) sched_yield();
+      for (std::size_t spins = 0; flag_.load(std::memory_order_relaxed); ++spins) Os::pause(spins);
     }
   }
   void unlock() noexcept { flag_.store(false, std::memory_order_release); }

@@ -2,14 +2,13 @@
 // Constant-initialized: malloc can run before any constructor.
 #pragma once
 
-#include <pthread.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
 
 #include "arena/arena.hpp"
 #include "arena/segment_table.hpp"
+#include "arena/wait_lock.hpp"
 
 namespace mnemosyne::arena {
 
@@ -23,7 +22,7 @@ struct State {
   char exhausted_reason[kReasonLen] = {};
   std::atomic<bool> warned_fallback{false};
   char fallback_reason[kReasonLen] = {};  // written once, by the first fallback
-  pthread_mutex_t grow_lock = PTHREAD_MUTEX_INITIALIZER;
+  WaitLock grow_lock;
   // The process the arena works for: set at start and in a forked child's
   // handler. Another pid on a slow path is a child no fork handler saw
   // (vfork, clone), sharing the parent's memory, where the driver must not
