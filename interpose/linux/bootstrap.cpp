@@ -88,10 +88,7 @@ void start(const char* argv0) noexcept {
                                &mark_warned};
   if (!start_heap(o, platform)) return;
 
-  g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
-  g_policy.routing = o.size_routing;
-  g_policy.size_min = o.size_min;
-  g_policy.size_max = o.size_max;
+  g_policy = policy_of(o);
   g_free_checks.store(g_policy.counting ? kFreeCounting : 0, std::memory_order_relaxed);
   arena::set_free_route(free_route_of(g_free_checks.load(std::memory_order_relaxed)));
   if (g_policy.counting) install_exit_report();

@@ -45,10 +45,6 @@ static_assert(std::size_t{1} << kOwnerBackendShift == stats::kPoolScale);
 static_assert(stats::kPoolScale * stats::pool_of(BackendId::host) ==
               owner_entry(0, BackendId::host));
 
-inline bool to_arena(std::size_t size) noexcept {
-  return !g_policy.routing || (size >= g_policy.size_min && size <= g_policy.size_max);
-}
-
 std::size_t usable_of(void* p, std::uint8_t tag) noexcept {
   return tag != 0 ? arena::usable_size(p, tag) : linux_host::usable_size(p);
 }
@@ -93,7 +89,7 @@ void* system_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept 
 }
 
 void* managed_alloc(std::size_t size, std::size_t alignment, bool zero) noexcept {
-  if (!to_arena(size)) return system_alloc(size, alignment, zero);
+  if (!g_policy.to_arena(size)) return system_alloc(size, alignment, zero);
   void* p;
   if (alignment != 0) {
     p = arena::alloc_aligned(size, alignment);
@@ -154,7 +150,7 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
   const bool counting = g_policy.counting;
   const std::size_t old_usable = counting ? usable_of(ptr, tag) : 0;
   void* p;
-  if (mode != Mode::diverted && to_arena(size)) {
+  if (mode != Mode::diverted && g_policy.to_arena(size)) {
     p = tag != 0 ? arena::realloc(ptr, tag, size) : realloc_foreign(ptr, size);
   } else if (tag == 0) {
     p = __libc_realloc(ptr, size);

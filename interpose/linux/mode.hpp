@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "arena/ownership_map.hpp"
+#include "common/policy.hpp"
 
 namespace mnemosyne {
 
@@ -39,13 +40,6 @@ inline std::uint8_t free_route_of(std::uint8_t checks) noexcept {
   if (checks == kFreeCounting) return kOwnerCountedFree;
   return 0;
 }
-
-struct Policy {
-  bool counting = false;  // statistics were asked for
-  bool routing = false;   // MNEMOSYNE_SIZE was given
-  std::size_t size_min = 0;
-  std::size_t size_max = SIZE_MAX;
-};
 
 extern std::atomic<Mode> g_mode;
 extern std::atomic<std::uint8_t> g_free_checks;  // kFree* bits

@@ -56,10 +56,6 @@ inline bool is_power_of_two(std::size_t n) noexcept {
   return n != 0 && (n & (n - 1)) == 0;
 }
 
-inline bool to_arena(std::size_t size) noexcept {
-  return !g_policy.routing || (size >= g_policy.size_min && size <= g_policy.size_max);
-}
-
 // The mode, starting mnemosyne when this is the first call that can.
 inline Mode settled_mode() noexcept {
   const Mode m = current_mode();
@@ -119,7 +115,7 @@ template <int C>
 [[gnu::noinline]] void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   const CrtHeap& crt = g_crt[C];
   const Mode mode = settled_mode();
-  if (mode == Mode::host || (mode == Mode::managed && !to_arena(size))) {
+  if (mode == Mode::host || (mode == Mode::managed && !g_policy.to_arena(size))) {
     void* p = alignment != 0 ? crt.aligned_malloc(size, alignment)
                              : (zero ? crt.calloc(1, size) : crt.malloc(size));
     return mode == Mode::host ? p : counted<C>(p, size);
@@ -196,7 +192,7 @@ void* resize(void* p, std::size_t size, std::size_t alignment) noexcept {
   const CrtHeap& crt = g_crt[C];
   const std::uint8_t tag = owner_tag(p);
   const Mode mode = settled_mode();
-  if (tag == 0 && (mode == Mode::host || (mode == Mode::managed && !to_arena(size)))) {
+  if (tag == 0 && (mode == Mode::host || (mode == Mode::managed && !g_policy.to_arena(size)))) {
     void* q = alignment != 0 ? crt.aligned_realloc(p, size, alignment) : crt.realloc(p, size);
     return q;
   }
@@ -206,7 +202,7 @@ void* resize(void* p, std::size_t size, std::size_t alignment) noexcept {
                                                  ? crt.aligned_msize(p, alignment, 0)
                                                  : foreign_size<C>(p));
   void* q = nullptr;
-  if (tag != 0 && alignment == 0 && to_arena(size)) {
+  if (tag != 0 && alignment == 0 && g_policy.to_arena(size)) {
     CallerScope caller(C);
     q = arena::realloc(p, tag, size);
   } else if (tag == 0 && old_usable == 0) {
@@ -338,7 +334,7 @@ void* crt_aligned_offset_malloc(std::size_t size, std::size_t alignment,
   }
   if (alignment < sizeof(void*)) alignment = sizeof(void*);
   const Mode mode = settled_mode();
-  if (mode != Mode::host && to_arena(size) && alignment <= arena::kMaxArenaAlign) {
+  if (mode != Mode::host && g_policy.to_arena(size) && alignment <= arena::kMaxArenaAlign) {
     void* p = mi_malloc_aligned_at(size, alignment, offset);
     if (p != nullptr) return mode == Mode::managed ? counted<C>(p, size) : p;
   }

@@ -5,19 +5,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "common/policy.hpp"
+
 namespace mnemosyne::win {
 
 enum class Mode : std::uint8_t {
   host = 0,     // not started yet, or MNEMOSYNE_DISABLE: the original CRT functions
   arena = 1,    // every request to the arena: the fast path
   managed = 2,  // the arena, with MNEMOSYNE_SIZE routing and/or statistics counting
-};
-
-struct Policy {
-  bool counting = false;
-  bool routing = false;
-  std::size_t size_min = 0;
-  std::size_t size_max = SIZE_MAX;
 };
 
 extern std::atomic<Mode> g_mode;

@@ -135,13 +135,10 @@ void start() noexcept {
                                &mark_warned};
   if (!start_heap(o, platform)) return;
 
-  g_policy.counting = o.show_stats || o.stats_file[0] != '\0';
+  g_policy = policy_of(o);
   if (g_policy.counting) remember_runtime_blocks();
   // Counted frees take the slow path here (free_slow).
   arena::set_free_route(g_policy.counting ? 0 : kOwnerFastFree);
-  g_policy.routing = o.size_routing;
-  g_policy.size_min = o.size_min;
-  g_policy.size_max = o.size_max;
   if (g_policy.counting) install_exit_report();
   g_mode.store(g_policy.counting || g_policy.routing ? Mode::managed : Mode::arena,
                std::memory_order_release);
