@@ -79,6 +79,7 @@ void read_config() noexcept {
   if (env_long("FAKECUDA_CONCURRENT_MANAGED", &v)) c.concurrent_managed = int(v);
   unsigned long long u = 0;
   if (env_ull("FAKECUDA_THREAD_ALLOC_MAX", &u)) c.thread_alloc_max = std::size_t(u);
+  if (env_ull("FAKECUDA_THREAD_FIRST_ALLOC", &u)) c.thread_first_alloc = std::size_t(u);
   if (env_long("FAKECUDA_THREAD_ITERS", &v)) c.thread_iters = v < 0 ? 0 : int(v);
   if (env_long("FAKECUDA_EVENT_THREAD", &v)) c.event_thread = v != 0;
   if (env_long("FAKECUDA_ALLOC_BUSY_MS", &v)) c.alloc_busy_ms = v < 0 ? 0 : v;
@@ -136,7 +137,9 @@ void* internal_thread(void*) {
     if (g_forked.load(std::memory_order_relaxed)) break;
     std::size_t size;
     const std::uint64_t r = next_random(&seed);
-    if (max >= kMiB && (r & 3) == 0) {
+    if (i == 0 && g_config.thread_first_alloc != 0) {
+      size = g_config.thread_first_alloc;
+    } else if (max >= kMiB && (r & 3) == 0) {
       size = kMiB + std::size_t((r >> 8) % (max - kMiB + 1));
     } else {
       const std::size_t small = max < 256 * 1024 ? max : 256 * 1024;

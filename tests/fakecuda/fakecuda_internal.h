@@ -89,6 +89,7 @@ struct Config {
   int pageable = 0;
   int concurrent_managed = 1;
   std::size_t thread_alloc_max = 32 * kMiB;
+  std::size_t thread_first_alloc = 0;  // the internal thread's first block; 0: drawn
   int thread_iters = 30;
   bool event_thread = true;    // FAKECUDA_EVENT_THREAD
   long alloc_busy_ms = 0;      // FAKECUDA_ALLOC_BUSY_MS

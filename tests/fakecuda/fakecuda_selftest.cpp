@@ -1161,17 +1161,12 @@ int main(int argc, char** argv) {
   }
   close(fd);
 #endif
-  const char* cleared[] = {"FAKECUDA_INIT_ERROR",
-                           "FAKECUDA_INIT_DELAY_MS",
-                           "FAKECUDA_FAIL_ALLOC_AFTER",
-                           "FAKECUDA_MEM_LIMIT",
-                           "FAKECUDA_MISSING",
-                           "FAKECUDA_ADVISE_ERROR",
-                           "FAKECUDA_PAGEABLE",
-                           "FAKECUDA_CONCURRENT_MANAGED",
-                           "FAKECUDA_THREAD_ITERS",
-                           "FAKECUDA_COPY_ERROR",
-                           "FAKECUDA_STUB",
+  const char* cleared[] = {"FAKECUDA_INIT_ERROR",       "FAKECUDA_INIT_DELAY_MS",
+                           "FAKECUDA_FAIL_ALLOC_AFTER", "FAKECUDA_MEM_LIMIT",
+                           "FAKECUDA_MISSING",          "FAKECUDA_ADVISE_ERROR",
+                           "FAKECUDA_PAGEABLE",         "FAKECUDA_CONCURRENT_MANAGED",
+                           "FAKECUDA_THREAD_ITERS",     "FAKECUDA_THREAD_FIRST_ALLOC",
+                           "FAKECUDA_COPY_ERROR",       "FAKECUDA_STUB",
                            "FAKECUDA_INIT_CRASH"};
   for (const char* name : cleared) unsetenv(name);
   setenv("FAKECUDA_LOG", log_path, 1);
