@@ -190,7 +190,107 @@ def fork_costs(allocs, base_env, build, runs, quick):
         line = "  ".join(f"{r['allocator']} {r['fork_ms']:.1f} ms" for r in rows
                          if r["shape"] == shape)
         print(f"fork ({shape}, {mib} MiB): {line}", flush=True)
-    return {"calls": rows, "workers": fork_workers(configs, base_env, quick)}
+    # One fork of a big heap: what fork() itself costs before it returns.
+    big = 512 if quick else 4096
+    single = []
+    for name, extra in configs:
+        if name in ("mimalloc", "mnemosyne-host"):
+            continue
+        p = subprocess.run([binary, str(big), "1", "large"], env={**base_env, **extra},
+                           capture_output=True, text=True)
+        m = re.search(r"fork\(\) ([0-9.]+) ms", p.stdout)
+        if p.returncode != 0 or not m:
+            print(f"bench: fork_cost {big} MiB under {name} failed: {p.stderr[-300:]}")
+            continue
+        single.append({"allocator": name, "live_mib": big, "fork_ms": float(m.group(1))})
+    print("fork (one, %d MiB): %s" % (big, "  ".join(f"{r['allocator']} {r['fork_ms']:.0f} ms"
+                                                     for r in single)), flush=True)
+    return {"calls": rows, "single": single, "workers": fork_workers(configs, base_env, quick),
+            "signals": fork_signals(configs, base_env, build),
+            "redis": fork_redis(configs, base_env, quick),
+            "dataloader": fork_dataloader(configs, base_env, quick)}
+
+
+def fork_configs(configs):
+    """glibc and the CUDA backends: the others fork as glibc does."""
+    return [(name, extra) for name, extra in configs if name not in ("mimalloc", "mnemosyne-host")]
+
+
+def fork_signals(configs, base_env, build):
+    """glibc's tst-mallocfork2 and tst-mallocfork3 shapes (tests/e2e's
+    fork_race_probe: forks from signal handlers while the program allocates;
+    with threads and _Fork in the second): the whole run's time."""
+    probe = os.path.join(build, "tests", "e2e", "fork_race_probe")
+    rows = []
+    if not os.path.exists(probe):
+        print("bench: no fork_race_probe (build the tests); the signal cases are left out")
+        return rows
+    for mode in ("signal-fork", "signal-threads"):
+        for name, extra in fork_configs(configs):
+            t = time.monotonic()
+            p = subprocess.run([probe, mode], env={**base_env, **extra}, capture_output=True,
+                               text=True, timeout=600)
+            if p.returncode != 0:
+                print(f"bench: fork_race_probe {mode} under {name} failed: {p.stderr[-300:]}")
+                continue
+            rows.append({"shape": mode, "allocator": name, "run_s": time.monotonic() - t})
+        print(f"fork {mode}: " + "  ".join(f"{r['allocator']} {r['run_s']:.2f} s" for r in rows
+                                          if r["shape"] == mode), flush=True)
+    return rows
+
+
+def fork_redis(configs, base_env, quick):
+    """redis-server's BGSAVE over a heap of small objects while a client
+    writes (bench/fork_redis.py). Plain is Redis as Debian ships it, on its
+    own jemalloc."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_redis.py")
+    if shutil.which("redis-server") is None:
+        print("bench: no redis-server; the Redis case is left out")
+        return []
+    mib = 128 if quick else 2048
+    rows = []
+    for name, extra in fork_configs(configs):
+        label = "redis (jemalloc)" if name == "glibc" else name
+        p = subprocess.run([sys.executable, script, "--mib", str(mib)] +
+                           [f"--env={k}={v}" for k, v in extra.items()],
+                           env=base_env, capture_output=True, text=True, timeout=1800)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            r = {"rdb_ok": False}
+        if p.returncode != 0 or not r.get("rdb_ok"):
+            print(f"bench: fork_redis under {name} failed: {p.stderr[-300:]} {p.stdout[-300:]}")
+            continue
+        rows.append({"allocator": label, **r})
+    print(f"fork redis ({mib} MiB): " + "  ".join(
+        f"{r['allocator']} fork {r['fork_ms']:.0f} ms, {r['lost_mib']} MiB" for r in rows),
+        flush=True)
+    return rows
+
+
+def fork_dataloader(configs, base_env, quick):
+    """A PyTorch DataLoader's workers over an in-memory dataset
+    (bench/fork_dataloader.py); left out where PyTorch is not installed."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_dataloader.py")
+    if subprocess.run([sys.executable, "-c", "import torch"], capture_output=True).returncode:
+        print("bench: no PyTorch (python3-torch); the DataLoader case is left out")
+        return []
+    mib = 64 if quick else 500
+    rows = []
+    for name, extra in fork_configs(configs):
+        p = subprocess.run([sys.executable, script, "--mib", str(mib), "--workers", "4"],
+                           env={**base_env, **extra}, capture_output=True, text=True, timeout=1800)
+        try:
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):
+            r = {"ok": False}
+        if p.returncode != 0 or not r.get("ok"):
+            print(f"bench: fork_dataloader under {name} failed: {p.stderr[-300:]}")
+            continue
+        rows.append({"allocator": name, **r})
+    print(f"fork dataloader ({mib} MiB): " + "  ".join(
+        f"{r['allocator']} {r['first_batch_s']:.2f} s" for r in rows), flush=True)
+    return rows
 
 
 def fork_workers(configs, base_env, quick):
@@ -490,7 +590,117 @@ def fork_section(forks):
         for r in workers:
             md.append(f"| {r['allocator']} | {r['forks_s']:.2f} s | {max(r['each_s']):.2f} s | "
                       f"{r['lost_mib']:,} MiB |")
+    single = forks.get("single") or []
+    if single:
+        md += ["", "## One fork of a big heap", "",
+               f"bench/fork_cost: one fork() with {single[0]['live_mib']:,} MiB of live heap "
+               "(64 KiB blocks): the call itself, before it returns.", "",
+               "| allocator | fork() |", "|---|---|"]
+        md += [f"| {r['allocator']} | {r['fork_ms']:,.0f} ms |" for r in single]
+    signals = forks.get("signals") or []
+    if signals:
+        md += ["", "## Forks from signal handlers", "",
+               "tests/e2e's fork_race_probe: signal-fork is glibc's tst-mallocfork2 shape (forks "
+               "from a SIGUSR1 handler while the program mallocs, frees and forks), "
+               "signal-threads tst-mallocfork3's (sender threads, _Fork in the handler, a second "
+               "thread forking); children check the heap. The whole run.", "",
+               "| shape | allocator | run |", "|---|---|---|"]
+        md += [f"| {r['shape']} | {r['allocator']} | {r['run_s']:.2f} s |" for r in signals]
+    redis = forks.get("redis") or []
+    if redis:
+        md += ["", "## Redis BGSAVE", "",
+               f"bench/fork_redis.py: redis-server (Debian's) holding {redis[0]['used_mib']:,} "
+               f"MiB ({redis[0]['keys']:,} keys of 100-byte values) saves with BGSAVE while a "
+               "client keeps overwriting keys; redis-check-rdb reads every key back from the "
+               "child's file. Redis (jemalloc) is the server as Debian ships it.", "",
+               "| allocator | fork (latest_fork_usec) | longest wait for a SET reply | BGSAVE | "
+               "memory lost during it |", "|---|---|---|---|---|"]
+        md += [f"| {r['allocator']} | {r['fork_ms']:,.0f} ms | {r['worst_ms']:,.0f} ms | "
+               f"{r['save_s']:.1f} s | {r['lost_mib']:,} MiB |" for r in redis]
+    loader = forks.get("dataloader") or []
+    if loader:
+        md += ["", "## PyTorch DataLoader", "",
+               f"bench/fork_dataloader.py: a {loader[0]['dataset_mib']} MiB dataset of 64 KiB "
+               f"NumPy samples held in memory, DataLoader with {loader[0]['workers']} forked "
+               "workers; each sample's checksum checked in the parent.", "",
+               "| allocator | to the first batch | one epoch | memory lost at the first batch |",
+               "|---|---|---|---|"]
+        md += [f"| {r['allocator']} | {r['first_batch_s']:.2f} s | {r['epoch_s']:.2f} s | "
+               f"{r['lost_mib']:,} MiB |" for r in loader]
+    md += targets_section(forks)
     return md + [""]
+
+
+def targets_section(forks):
+    """Issue 36's targets against this run's figures, per CUDA backend."""
+    backends = ("mnemosyne-unified", "mnemosyne-pinned")
+    rows = []
+
+    def by(table, key="allocator"):
+        return {r[key]: r for r in forks.get(table) or []}
+
+    w = by("workers")
+    if "glibc" in w:
+        g = w["glibc"]
+        heap_gib = g["heap_mib"] / 1024
+        goal_s = 3 * g["forks_s"] + 0.3 * heap_gib
+        goal_mib = g["heap_mib"] + 2 * g["lost_mib"] + 256
+        rows.append((f"{g['workers']} workers of {g['heap_mib']:,} MiB: the forks",
+                     f"3x glibc + 0.3 s/GiB = {goal_s:.2f} s", f"{g['forks_s']:.2f} s",
+                     [(w[b]["forks_s"], f"{w[b]['forks_s']:.2f} s") if b in w else None
+                      for b in backends], goal_s))
+        rows.append((f"{g['workers']} workers: memory lost",
+                     f"a heap + 2x glibc + 256 MiB = {goal_mib:,} MiB", f"{g['lost_mib']:,} MiB",
+                     [(w[b]["lost_mib"], f"{w[b]['lost_mib']:,} MiB") if b in w else None
+                      for b in backends], goal_mib))
+    d = by("dataloader")
+    if "glibc" in d:
+        goal = 1.3 * d["glibc"]["first_batch_s"]
+        rows.append(("DataLoader: to the first batch", f"1.3x glibc = {goal:.2f} s",
+                     f"{d['glibc']['first_batch_s']:.2f} s",
+                     [(d[b]["first_batch_s"], f"{d[b]['first_batch_s']:.2f} s") if b in d else None
+                      for b in backends], goal))
+    sig = {(r["shape"], r["allocator"]): r for r in forks.get("signals") or []}
+    for shape, name in (("signal-fork", "tst-mallocfork2"), ("signal-threads", "tst-mallocfork3")):
+        if (shape, "glibc") in sig:
+            base = sig[(shape, "glibc")]["run_s"]
+            rows.append((f"{name}'s shape: the run", f"2x glibc = {2 * base:.2f} s", f"{base:.2f} s",
+                         [(sig[(shape, b)]["run_s"], f"{sig[(shape, b)]['run_s']:.2f} s")
+                          if (shape, b) in sig else None for b in backends], 2 * base))
+    one = by("single")
+    if "glibc" in one:
+        goal = one["glibc"]["fork_ms"] + 50
+        rows.append((f"one fork of {one['glibc']['live_mib']:,} MiB: fork()",
+                     f"glibc + 50 ms = {goal:,.0f} ms", f"{one['glibc']['fork_ms']:,.0f} ms",
+                     [(one[b]["fork_ms"], f"{one[b]['fork_ms']:,.0f} ms") if b in one else None
+                      for b in backends], goal))
+    r = by("redis")
+    plain = r.get("redis (jemalloc)")
+    if plain:
+        # A fork of a few ms: its double is noise; the floor is 2x plain's or 50 ms.
+        goal = max(2 * plain["fork_ms"], 50)
+        rows.append(("Redis BGSAVE: the parent's stall (fork)", f"2x plain = {goal:,.0f} ms",
+                     f"{plain['fork_ms']:,.0f} ms",
+                     [(r[b]["fork_ms"], f"{r[b]['fork_ms']:,.0f} ms") if b in r else None
+                      for b in backends], goal))
+        total = plain["used_mib"] + plain["lost_mib"]
+        rows.append(("Redis BGSAVE: the heap and memory lost during the save",
+                     f"2x plain = {2 * total:,} MiB", f"{total:,} MiB",
+                     [(r[b]["used_mib"] + r[b]["lost_mib"],
+                       f"{r[b]['used_mib'] + r[b]['lost_mib']:,} MiB") if b in r else None
+                      for b in backends], 2 * total))
+    if not rows:
+        return []
+    md = ["", "## Issue 36's targets", "",
+          "Each target as the issue sets it, from this run's glibc (or plain) figure; "
+          "'met' when the figure is at or under the goal.", "",
+          "| case | goal | glibc | unified | pinned |", "|---|---|---|---|---|"]
+    for case, goal_text, base_text, cells, goal in rows:
+        shown = []
+        for c in cells:
+            shown.append("-" if c is None else f"{c[1]} ({'met' if c[0] <= goal else 'missed'})")
+        md.append(f"| {case} | {goal_text} | {base_text} | {shown[0]} | {shown[1]} |")
+    return md
 
 
 def write_forks(out, forks, runs):

@@ -13,7 +13,7 @@ scripts/setup.sh >/dev/null
 if [ -f build/build.ninja ]; then meson setup --reconfigure build -Dtests=true >/dev/null
 else meson setup build >/dev/null; fi
 ninja -C build bench/workloads bench/fork_cost bench/libnaive-interposer.so interpose/libmnemosyne.so \
-  tests/fakecuda/libfakecuda.so >/dev/null
+  tests/fakecuda/libfakecuda.so tests/e2e/fork_race_probe >/dev/null
 # The windows table, where the mingw build is configured (scripts/test.sh
 # --windows configures it) and wine is installed.
 windows=()
@@ -22,6 +22,15 @@ if [ -f build-win/build.ninja ] && command -v wine >/dev/null; then
     interpose/windows/mnemosyne-inject.exe tests/fakecuda/fakecuda.dll >/dev/null
   windows=(--windows-build build-win)
 fi
+# The fork table's DataLoader case needs PyTorch (about 150 packages):
+# installed for a full run, left out of a --quick one without it.
+quick=0
+for arg in "$@"; do [ "$arg" = "--quick" ] && quick=1; done
+if [ $quick -eq 0 ] && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "bench: installing python3-torch for the DataLoader case" >&2
+  if [ "$(id -u)" -eq 0 ]; then sudo_=(); else sudo_=(sudo); fi
+  DEBIAN_FRONTEND=noninteractive "${sudo_[@]}" apt-get install -y -qq --no-install-recommends python3-torch >/dev/null
+fi
 out=bench/results
-for arg in "$@"; do [ "$arg" = "--quick" ] && out=build/bench-quick; done
+[ $quick -eq 1 ] && out=build/bench-quick
 exec /usr/bin/python3 bench/run_bench.py --build build --out "$out" "${windows[@]}" "$@"

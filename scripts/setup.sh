@@ -28,7 +28,8 @@ as_root() {
 # and the sanitizer runtimes, valgrind. Windows: the mingw-w64 cross
 # compilers (posix threads: the win32 model lacks std::mutex) and wine, which
 # runs the Windows tests (about 1.1 GB, 30 s). Benchmarks (scripts/bench.sh):
-# Debian's mimalloc, jemalloc and tcmalloc libraries, preloaded side by side.
+# Debian's mimalloc, jemalloc and tcmalloc libraries, preloaded side by side,
+# and redis-server for the fork benchmark's BGSAVE case.
 # Signals (tests/e2e, case signals): catatonit reads them from a signalfd,
 # dumb-init with sigwait. A forking database server and a JVM launching
 # children (cases postgres, jvm-launch): PostgreSQL 15 and OpenJDK 17.
@@ -42,7 +43,7 @@ packages=(
   clang-format clang libclang-rt-14-dev valgrind
   gdb openmpi-bin libopenmpi-dev catatonit dumb-init postgresql-15 openjdk-17-jdk-headless
   g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix mingw-w64-x86-64-dev wine wine64
-  libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time
+  libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time redis-server
 )
 
 if [ $build_only -eq 1 ]; then packages=("${build_packages[@]}"); fi
