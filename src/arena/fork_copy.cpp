@@ -75,6 +75,11 @@ constexpr std::size_t kMaxDeltaRuns = 8192;
 constexpr std::size_t kWindowPages = std::size_t{1} << 16;  // mincore's: 256 MiB of 4 KiB pages
 constexpr std::size_t kBounceBytes = std::size_t{2} << 20;  // copy_out's destination
 constexpr std::size_t kCompareBytes = 64 * 1024;            // the base's pages, read to compare
+// Free space a child maps as fresh memory rather than from the image: runs
+// of at least kMinFreeBytes (a mimalloc small page), at most kMaxFreeRuns of
+// them (each run splits the image's mapping: two more mappings).
+constexpr std::size_t kMinFreeBytes = 64 * 1024;
+constexpr std::size_t kMaxFreeRuns = 4096;
 
 // A descriptor kept as fd + 1, so that "none" is zero: the fork's state
 // below is then all zeros until a fork, and lives in .bss (a -1 in it put
@@ -106,6 +111,11 @@ struct Shadow {
   // pages the child takes from the delta (it differs from the base there).
   std::uint64_t* marks = nullptr;
   std::size_t marks_map_bytes = 0;
+  // prepare_fork's: one bit per page of the segment's live ranges. The
+  // child maps the rest, which reads zero from the image too, as fresh
+  // memory (map_free_space).
+  std::uint64_t* live = nullptr;
+  std::size_t live_map_bytes = 0;
 };
 
 // The image kept for the children of the forks that follow (see above):
@@ -500,6 +510,9 @@ void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
   const std::size_t first =
       static_cast<std::size_t>(static_cast<unsigned char*>(start) - base) / page;
   const std::size_t pages = size / page;
+  if (!pass.early && pass.shadow->live != nullptr) {
+    for (std::size_t i = first; i < first + pages; ++i) set_bit(pass.shadow->live, i, true);
+  }
   for (std::size_t off = 0; off < pages; off += kWindowPages) {
     const std::size_t n = pages - off < kWindowPages ? pages - off : kWindowPages;
     unsigned char* window = base + (first + off) * page;
@@ -550,6 +563,7 @@ void describe(Shadow& s, const SegmentTable::Entry& e) noexcept {
   s.serial = e.serial;
   s.early = nullptr;
   s.marks = nullptr;
+  s.live = nullptr;
 }
 
 // copy_early's bitmap of the pages it copied.
@@ -581,6 +595,10 @@ bool begin_marks(Shadow& s) noexcept {
 
 void drop_marks(Shadow& s) noexcept {
   unmap_bits(s.marks, s.marks_map_bytes);
+}
+
+void drop_live(Shadow& s) noexcept {
+  unmap_bits(s.live, s.live_map_bytes);
 }
 
 void drop_early() noexcept {
@@ -706,6 +724,8 @@ void copy_all(bool adopt) noexcept {
     Shadow& s = g_fork.shadows[g_fork.shadow_count];
     describe(s, e);
     if (adopt) adopt_early(e.serial, s);
+    // Without it the child maps all of the segment from the image.
+    s.live = map_bits(s.size / Os::page_size(), &s.live_map_bytes);
     bool ok = open_image() && (s.marks != nullptr || begin_marks(s));
     if (ok) {
       Pass pass{&s,      e.segment.backend,         false, g_fork.cpu_pass.residency,
@@ -717,6 +737,7 @@ void copy_all(bool adopt) noexcept {
     drop_bitmap(s);  // the child has no use for it
     if (!ok) {
       drop_marks(s);
+      drop_live(s);
       g_fork.missing[g_fork.missing_count++] = Missing{e.segment.start, e.segment.size};
       continue;
     }
@@ -746,6 +767,7 @@ std::size_t count_delta_runs() noexcept {
 // After the fork, in the parent: a complete base image is kept for the forks
 // that follow; a delta leaves its size, for the next fork to judge.
 void keep_image() noexcept {
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) drop_live(g_fork.shadows[i]);
   if (g_fork.image.open() && g_fork.delta) {
     g_fork.base.delta_pages = g_fork.delta_pages;
     g_fork.base.last_fork_ns = Os::monotonic_ns();
@@ -786,7 +808,10 @@ void prepare_fork() noexcept {
   if (g_fork.delta && count_delta_runs() > kMaxDeltaRuns) {
     // Too scattered for the child's mappings: this fork makes a base, every
     // page read again with the CPU.
-    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) drop_marks(g_fork.shadows[i]);
+    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+      drop_marks(g_fork.shadows[i]);
+      drop_live(g_fork.shadows[i]);
+    }
     close_image();
     drop_early();
     use_base();
@@ -857,6 +882,33 @@ bool map_shadow(const Shadow& s) noexcept {
   return true;
 }
 
+// In the child: the shadow's free space (runs of pages outside its live
+// ranges, at least kMinFreeBytes long) mapped as fresh memory over the
+// image, while *budget lasts. Either way it reads zero; from the image, a
+// child's first touch of it (a new block there) would put a page of zeros
+// into the image the siblings share, then copy it, where fresh memory costs
+// one zeroed page. A failed mapping leaves the image's.
+void map_free_space(const Shadow& s, std::size_t* budget) noexcept {
+  if (s.live == nullptr) return;
+  const std::size_t page = Os::page_size();
+  const std::size_t pages = s.size / page;
+  const std::size_t min_pages = kMinFreeBytes / page;
+  auto* target = static_cast<unsigned char*>(s.target);
+  for (std::size_t p = 0; p<pages&& * budget> 0;) {
+    if (bit(s.live, p)) {
+      ++p;
+      continue;
+    }
+    std::size_t q = p + 1;
+    while (q < pages && !bit(s.live, q)) ++q;
+    if (q - p >= min_pages &&
+        platform::fork_image::map_zero_at(target + p * page, (q - p) * page)) {
+      --*budget;
+    }
+    p = q;
+  }
+}
+
 // In the child: the parent's base is not its own (the mappings keep what
 // they took of it). A release that was under way on another thread at the
 // fork left its state half-way: then only forgotten.
@@ -880,13 +932,17 @@ void restore_once() noexcept {
   platform::fork_image::block_all_signals(&old);
   int expected = kPending;
   if (g_fork.child_state.compare_exchange_strong(expected, kRestored, std::memory_order_acq_rel)) {
+    std::size_t free_runs = kMaxFreeRuns;
     for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
       Shadow& s = g_fork.shadows[i];
-      if (!map_shadow(s)) {
+      if (map_shadow(s)) {
+        map_free_space(s, &free_runs);
+      } else {
         g_fork.missing[g_fork.missing_count++] = Missing{s.target, s.size};
         g_fork.child_incomplete = true;
       }
       drop_marks(s);
+      drop_live(s);
     }
     close_image();  // the mappings keep the image
     forget_base();

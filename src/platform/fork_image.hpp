@@ -30,6 +30,9 @@ long read_at(int fd, void* dst, std::size_t n, std::uint64_t offset) noexcept;
 // Maps [offset, offset + size) of the file at `at`, replacing what is there,
 // private and copy-on-write, read-write. False when the OS refused.
 bool map_at(int fd, void* at, std::size_t size, std::uint64_t offset) noexcept;
+// Replaces [at, at + size) with fresh private memory that reads zero,
+// read-write. False when the OS refused (what was there stays).
+bool map_zero_at(void* at, std::size_t size) noexcept;
 // Replaces [at, at + size) with an inaccessible reservation (a touch faults).
 void reserve_inaccessible(void* at, std::size_t size) noexcept;
 

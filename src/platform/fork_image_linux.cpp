@@ -47,6 +47,11 @@ bool map_at(int fd, void* at, std::size_t size, std::uint64_t offset) noexcept {
               static_cast<off_t>(offset)) != MAP_FAILED;
 }
 
+bool map_zero_at(void* at, std::size_t size) noexcept {
+  return mmap(at, size, PROT_READ | PROT_WRITE,
+              MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0) != MAP_FAILED;
+}
+
 void reserve_inaccessible(void* at, std::size_t size) noexcept {
   mmap(at, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 }

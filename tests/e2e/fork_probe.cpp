@@ -27,11 +27,17 @@
 //                             cuMemcpyDtoH, where the double is loaded): each child reads the
 //                             values of the moment of its own fork; so does a grandchild, and
 //                             one whose parent exited at once after forking it
+//   fork_probe free-space     the parent frees half of its 256 KiB blocks and forks; the
+//                             child allocates and writes as much again: the heap image it
+//                             shares with its siblings (mnemosyne's, see docs/fork.md) does
+//                             not grow by what it writes there, and the parent's blocks
+//                             read right
 #include <dlfcn.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -685,6 +691,68 @@ int mode_snapshot() {
   return ok == kForks && verdict == 'y' ? 0 : 1;
 }
 
+// Bytes the files of mnemosyne's heap image (memfds named mnemosyne-fork-*)
+// that this process maps hold, each file counted once: /proc/self/maps
+// names them, /proc/self/map_files opens them.
+long long image_bytes() {
+  FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (maps == nullptr) die("cannot read /proc/self/maps");
+  long long bytes = 0;
+  unsigned long inodes[64] = {};
+  int seen = 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps) != nullptr) {
+    if (std::strstr(line, "mnemosyne-fork-") == nullptr) continue;
+    unsigned long start = 0, end = 0, inode = 0;
+    if (std::sscanf(line, "%lx-%lx %*s %*s %*s %lu", &start, &end, &inode) != 3) continue;
+    bool known = false;
+    for (int i = 0; i < seen && !known; ++i) known = inodes[i] == inode;
+    if (known || seen == 64) continue;
+    inodes[seen++] = inode;
+    char path[96];
+    std::snprintf(path, sizeof path, "/proc/self/map_files/%lx-%lx", start, end);
+    struct stat st {};
+    if (stat(path, &st) == 0) bytes += static_cast<long long>(st.st_blocks) * 512;
+  }
+  std::fclose(maps);
+  return bytes;
+}
+
+int mode_free_space() {
+  constexpr int kBlocks = 128;
+  constexpr std::size_t kSize = 256 * 1024;
+  std::vector<void*> blocks;
+  for (int i = 0; i < kBlocks; ++i) blocks.push_back(make_block(kSize, 7000 + i));
+  for (int i = kBlocks / 2; i < kBlocks; ++i) drop_block(blocks[i]);
+  blocks.resize(kBlocks / 2);
+  std::fflush(stdout);
+  const pid_t pid = fork();
+  if (pid < 0) die("fork failed");
+  if (pid == 0) {
+    bool checked = false;
+    for (void* b : blocks) {
+      if (!block_ok(b, &checked) || !checked) _exit(4);
+    }
+    const long long before = image_bytes();
+    std::vector<void*> mine;
+    for (int i = 0; i < kBlocks / 2; ++i) mine.push_back(make_block(kSize, 9000 + i));
+    const long long grown = image_bytes() - before;
+    for (void* b : mine) {
+      if (!block_ok(b, &checked) || !checked) _exit(5);
+    }
+    if (grown > (1 << 20)) {
+      std::fprintf(stderr,
+                   "fork_probe: the heap image grew by %lld KiB as the child wrote %zu KiB\n",
+                   grown >> 10, kBlocks / 2 * kSize >> 10);
+      _exit(6);
+    }
+    _exit(0);
+  }
+  const bool ok = child_ok(pid);
+  std::printf("free-space: the child %s\n", ok ? "ok" : "FAILED");
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -698,9 +766,10 @@ int main(int argc, char** argv) {
   if (std::strcmp(mode, "own-handler") == 0) return mode_own_handler();
   if (std::strcmp(mode, "device") == 0) return mode_device();
   if (std::strcmp(mode, "snapshot") == 0) return mode_snapshot();
+  if (std::strcmp(mode, "free-space") == 0) return mode_free_space();
   std::fprintf(
       stderr,
       "usage: fork_probe fopen-thread|held-lock|patterns|from-thread|driver-busy|own-handler|"
-      "device|snapshot\n");
+      "device|snapshot|free-space\n");
   return 2;
 }

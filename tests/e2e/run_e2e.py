@@ -80,7 +80,7 @@ ARENAS = {"MNEMOSYNE_PIN": "arena"}
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
-    "fork-from-thread", "fork-snapshot",
+    "fork-from-thread", "fork-snapshot", "fork-free-space",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "calloc-big",
@@ -587,6 +587,14 @@ def case_fork_snapshot(tmp, backend):
         facts = {k: int(v) for k, v in (line.split() for line in f if line.strip())}
     if backend != "host":
         expect(facts["driver_copies"] == 4, f"the parent's driver copies did not all land: {facts}")
+
+
+def case_fork_free_space(tmp, backend):
+    """A child writes into the free space of the heap it got (blocks its
+    parent freed): the heap image its siblings share does not grow by what
+    it writes (docs/fork.md: free space is fresh memory in the child), and
+    the parent's blocks read right."""
+    fork_case(tmp, backend, "free-space")
 
 
 def normalized(text):
