@@ -43,6 +43,7 @@
 // async-signal-safe), or in child_after_fork, whichever comes first.
 #include <errno.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -380,6 +381,12 @@ struct Pass {
   // them, not one per page.
   unsigned char* pending = nullptr;
   std::size_t pending_size = 0;
+  // The residency of the segment's pages [window_first, window_first +
+  // window_pages), in `residency`: one mincore for a window of the segment,
+  // not one per live run (a heap of small objects has hundreds a fork).
+  std::size_t window_first = 0;
+  std::size_t window_pages = 0;  // 0: none read yet
+  bool window_known = false;     // mincore answered for it
 };
 
 bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
@@ -513,22 +520,42 @@ void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
   if (!pass.early && pass.shadow->live != nullptr) {
     for (std::size_t i = first; i < first + pages; ++i) set_bit(pass.shadow->live, i, true);
   }
-  for (std::size_t off = 0; off < pages; off += kWindowPages) {
-    const std::size_t n = pages - off < kWindowPages ? pages - off : kWindowPages;
-    unsigned char* window = base + (first + off) * page;
-    if (!platform::fork_image::resident_pages(window, n * page, pass.residency)) {
+  const std::size_t end = first + pages;
+  const std::size_t segment_pages = pass.shadow->size / page;
+  for (std::size_t p = first; p < end;) {
+    if (p < pass.window_first || p >= pass.window_first + pass.window_pages) {
+      // A window from here to as far as the segment and the buffer go;
+      // where mincore refuses it (a part of the segment not mapped: an
+      // unbacked stretch of a reservation), the live run alone, as before.
+      pass.window_first = p;
+      pass.window_pages = std::min(kWindowPages, segment_pages - p);
+      pass.window_known = platform::fork_image::resident_pages(
+          base + p * page, pass.window_pages * page, pass.residency);
+      if (!pass.window_known) {
+        pass.window_pages = std::min(kWindowPages, end - p);
+        pass.window_known = platform::fork_image::resident_pages(
+            base + p * page, pass.window_pages * page, pass.residency);
+      }
+    }
+    const std::size_t stop = std::min(end, pass.window_first + pass.window_pages);
+    if (!pass.window_known) {
       // Residency unknown: the CPU pass copies it all, the early pass leaves
       // it to the CPU pass.
-      if (!pass.early) cpu_copy(pass, first + off, n);
+      if (!pass.early) cpu_copy(pass, p, stop - p);
+      p = stop;
       continue;
     }
-    for (std::size_t i = 0; i < n;) {
-      const bool resident = (pass.residency[i] & 1) != 0;
+    const auto resident_at = [&pass](std::size_t i) {
+      return (pass.residency[i - pass.window_first] & 1) != 0;
+    };
+    for (std::size_t i = p; i < stop;) {
+      const bool resident = resident_at(i);
       std::size_t j = i + 1;
-      while (j < n && ((pass.residency[j] & 1) != 0) == resident) ++j;
-      copy_run(pass, first + off + i, j - i, resident);
+      while (j < stop && resident_at(j) == resident) ++j;
+      copy_run(pass, i, j - i, resident);
       i = j;
     }
+    p = stop;
   }
 }
 
