@@ -120,13 +120,30 @@ void expect_child_passed(pid_t pid) {
 }
 #endif
 
-// Runs `body` in a fresh process; it must return normally (exit 0).
-#define IN_FRESH_PROCESS(body)                            \
-  EXPECT_EXIT(                                            \
-      {                                                   \
-        body;                                             \
-        std::exit(::testing::Test::HasFailure() ? 1 : 0); \
-      },                                                  \
+// In a death test's child: ends it, exit 0 when no check failed, else 1
+// with every failure on stderr, which the parent shows (a child's stdout,
+// where gtest writes them, is not).
+[[noreturn]] void exit_with_failures() {
+  const ::testing::TestResult* result =
+      ::testing::UnitTest::GetInstance()->current_test_info()->result();
+  for (int i = 0; i < result->total_part_count(); ++i) {
+    const ::testing::TestPartResult& part = result->GetTestPartResult(i);
+    if (part.failed()) {
+      std::fprintf(stderr, "%s:%d: %s\n", part.file_name() != nullptr ? part.file_name() : "?",
+                   part.line_number(), part.message());
+    }
+  }
+  std::exit(::testing::Test::HasFailure() ? 1 : 0);
+}
+
+// Runs `body` in a fresh process; it must return normally (exit 0). A
+// failed ASSERT leaves the body (a lambda), and its failure is shown too.
+#define IN_FRESH_PROCESS(body) \
+  EXPECT_EXIT(                 \
+      {                        \
+        [&] { body; }();       \
+        exit_with_failures();  \
+      },                       \
       ::testing::ExitedWithCode(0), "")
 
 TEST(Arena, BlocksLandInDriverMemory) {
