@@ -78,9 +78,11 @@ constexpr std::size_t kBounceBytes = std::size_t{2} << 20;  // copy_out's destin
 constexpr std::size_t kCompareBytes = 64 * 1024;            // the base's pages, read to compare
 // Free space a child maps as fresh memory rather than from the image: runs
 // of at least kMinFreeBytes (a mimalloc small page), at most kMaxFreeRuns of
-// them (each run splits the image's mapping: two more mappings).
+// them: each run splits the image's mapping, two more mappings of the
+// 65,530 the kernel allows a process by default, which the child's own
+// mmaps (and a delta's runs, kMaxDeltaRuns) need too.
 constexpr std::size_t kMinFreeBytes = 64 * 1024;
-constexpr std::size_t kMaxFreeRuns = 4096;
+constexpr std::size_t kMaxFreeRuns = 1024;
 
 // A descriptor kept as fd + 1, so that "none" is zero: the fork's state
 // below is then all zeros until a fork, and lives in .bss (a -1 in it put
