@@ -126,22 +126,20 @@ void clear_huge_block(void* p, std::size_t size) noexcept {
 
 bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 
-// Tags a new arena's chunks in the ownership map, in step with
-// set_free_route on another thread. Both change or read the route with a
-// read-modify-write, so the two are ordered: a change after this one's
-// read-modify-write finds the arena (in the table already) and its entries
-// written, and sets them itself; one before is what the read-modify-write
-// returns, and is set here. Changes are serialised (the fork lock), so what
-// the last read said is what the entries keep.
-void tag_arena(const Segment& seg, std::uint8_t tag) noexcept {
-  std::uint8_t route = g_state.free_route.load(std::memory_order_acquire);
+// Puts a new arena into the segment table and its chunks into the ownership
+// map, tagged with the free route of the moment, under the table's lock:
+// set_free_route changes the route and walks the table under the same lock,
+// so an arena is either entered after a change (and takes the new route) or
+// found by the change's walk. (A lock-free version, a read-modify-write of
+// the route on each side, left an arena on an old route under
+// ThreadSanitizer now and then: Arena.FreeRoutesFollowTheirSetting.) False
+// when the table is full.
+bool enter_arena(const Segment& seg, std::uint8_t tag) noexcept {
+  SpinGuard guard(g_state.table.lock());
+  if (!g_state.table.add_locked(seg, /*dedicated=*/false)) return false;
+  const std::uint8_t route = g_state.free_route.load(std::memory_order_relaxed);
   owner_map_set(seg.start, seg.size, static_cast<std::uint8_t>(tag | route));
-  for (;;) {
-    const std::uint8_t now = g_state.free_route.fetch_or(0, std::memory_order_acq_rel);
-    if (now == route) return;
-    route = now;
-    owner_map_set_route(seg.start, seg.size, route);
-  }
+  return true;
 }
 
 // Whether arenas of `backend` are reservations, backed where mimalloc
@@ -173,11 +171,10 @@ bool revive_arena_locked(BackendId backend, std::size_t need, std::size_t want,
   if (slot == 0 || !within_limit(backend, size + kSegmentAlign)) return false;
   Segment seg;
   if (!acquire_segment(backend, size, kSegmentAlign, Reserve::no, &seg)) return false;
-  if (seg.on_demand || seg.size != size || !g_state.table.add(seg, /*dedicated=*/false)) {
+  if (seg.on_demand || seg.size != size || !enter_arena(seg, owner_entry(kOwnerArena, backend))) {
     release_segment(seg);
     return false;
   }
-  tag_arena(seg, owner_entry(kOwnerArena, backend));
   if (!mnemosyne_mi_arena_revive(slot, seg.start, seg.size, reads_zero(seg))) {
     Segment removed;
     g_state.table.remove(seg.start, /*dedicated=*/false, &removed);
@@ -226,13 +223,13 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   }
   // Into the table (which a fork's copy walks) and the ownership map before
   // mimalloc can hand out a block of it.
-  if (!g_state.table.add(seg, /*dedicated=*/false)) {
+  if (!enter_arena(
+          seg, owner_entry(seg.on_demand ? kOwnerArena | kOwnerOnDemand : kOwnerArena, backend))) {
     release_segment(seg);
     std::snprintf(why, why_len, "mnemosyne's segment table is full (%zu segments)",
                   SegmentTable::kCapacity);
     return false;
   }
-  tag_arena(seg, owner_entry(seg.on_demand ? kOwnerArena | kOwnerOnDemand : kOwnerArena, backend));
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
   // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
@@ -706,8 +703,8 @@ const char* fallback_reason() noexcept {
 }
 
 void set_free_route(std::uint8_t route) noexcept {
-  g_state.free_route.exchange(route, std::memory_order_acq_rel);  // see tag_arena
-  SpinGuard guard(g_state.table.lock());
+  SpinGuard guard(g_state.table.lock());  // see enter_arena
+  g_state.free_route.store(route, std::memory_order_relaxed);
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];

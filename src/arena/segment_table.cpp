@@ -4,6 +4,10 @@ namespace mnemosyne {
 
 bool SegmentTable::add(const Segment& segment, bool dedicated) noexcept {
   SpinGuard guard(lock_);
+  return add_locked(segment, dedicated);
+}
+
+bool SegmentTable::add_locked(const Segment& segment, bool dedicated) noexcept {
   for (std::size_t i = 0; i < kCapacity; ++i) {
     if (!entries_[i].used) {
       entries_[i] = Entry{segment, next_serial_++, dedicated, true};

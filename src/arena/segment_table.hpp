@@ -23,6 +23,8 @@ class SegmentTable {
 
   // False when the table is full.
   bool add(const Segment& segment, bool dedicated) noexcept;
+  // The same, for a caller that holds lock().
+  bool add_locked(const Segment& segment, bool dedicated) noexcept;
   // Removes the dedicated block (or the arena) starting at `start`; false
   // when none does.
   bool remove(const void* start, bool dedicated, Segment* out) noexcept;

@@ -48,7 +48,7 @@ struct State {
   std::size_t total_arena_bytes = 0;  // under grow_lock
   SegmentTable table;
   // The free route arena entries of the ownership map carry
-  // (set_free_route; arena.cpp's tag_arena keeps new arenas in step).
+  // (set_free_route; arena.cpp's enter_arena keeps new arenas in step).
   std::atomic<std::uint8_t> free_route{0};
   std::atomic<std::uint64_t> backend_bytes{0};  // CUDA bytes taken, for the limit
   std::atomic<std::uint64_t> reserved[kBackendCount] = {};
