@@ -250,9 +250,14 @@ def check_stats(backend):
 
 
 def compare(base, mine, what, stdout_only=False):
+    # Both runs' output: when the run without the interposer is the one that
+    # failed (a program's own race), its output says why.
     expect(base.returncode == mine.returncode,
            f"{what}: exit status {mine.returncode} under the interposer, {base.returncode} without"
-           f"\nstderr: {mine.stderr.decode(errors='replace')[-2000:]}")
+           f"\n--- with: stdout {mine.stdout[-800:]!r}"
+           f"\nstderr: {mine.stderr.decode(errors='replace')[-2000:]}"
+           f"\n--- without: stdout {base.stdout[-800:]!r}"
+           f"\nstderr: {base.stderr.decode(errors='replace')[-2000:]}")
     expect(base.stdout == mine.stdout, f"{what}: stdout differs under the interposer\n"
            f"--- without\n{base.stdout[-1500:]!r}\n--- with\n{mine.stdout[-1500:]!r}")
     if not stdout_only:
