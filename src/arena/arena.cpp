@@ -130,10 +130,7 @@ bool arena_added_locked(BackendId backend, const Segment& seg) noexcept;
 // map, tagged with the free route of the moment, under the table's lock:
 // set_free_route changes the route and walks the table under the same lock,
 // so an arena is either entered after a change (and takes the new route) or
-// found by the change's walk. (A lock-free version, a read-modify-write of
-// the route on each side, left an arena on an old route under
-// ThreadSanitizer now and then: Arena.FreeRoutesFollowTheirSetting.) False
-// when the table is full.
+// found by the change's walk. False when the table is full.
 bool enter_arena(const Segment& seg, std::uint8_t tag) noexcept {
   SpinGuard guard(g_state.table.lock());
   if (!g_state.table.add_locked(seg, /*dedicated=*/false)) return false;

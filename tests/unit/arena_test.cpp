@@ -280,18 +280,25 @@ TEST(Arena, FreeRoutesFollowTheirSetting) {
     constexpr int kThreads = 4;
     std::vector<std::vector<void*>> blocks(kThreads);
     std::atomic<bool> done{false};
+    // The growing threads start once the changer has made its first change:
+    // a changer whose thread started after they had all finished made none,
+    // and the check below then compared the route set above (fast) with the
+    // changer's initial `last`.
+    std::atomic<bool> changing{false};
     std::vector<std::thread> pool;
     for (int t = 0; t < kThreads; ++t) {
-      pool.emplace_back([&blocks, t] {
+      pool.emplace_back([&blocks, &changing, t] {
+        while (!changing.load()) std::this_thread::yield();
         for (int i = 0; i < 160; ++i) blocks[t].push_back(arena::alloc(kMiB));
       });
     }
-    std::uint8_t last = 0;
+    std::uint8_t last = kOwnerFastFree;  // the route in effect
     std::thread changer([&] {
       const std::uint8_t routes[] = {0, kOwnerFastFree, kOwnerCountedFree};
       for (unsigned i = 0; !done.load(); ++i) {
         last = routes[i % 3];
         arena::set_free_route(last);
+        changing.store(true);
       }
     });
     for (auto& th : pool) th.join();
