@@ -22,13 +22,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-
-def mem_available_kib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+from meminfo import mem_available_kib
 
 
 class InMemory(Dataset):

@@ -28,13 +28,7 @@ import tempfile
 import threading
 import time
 
-
-def mem_available_kib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+from meminfo import mem_available_kib
 
 
 class Client:

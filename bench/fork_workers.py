@@ -17,13 +17,7 @@ import os
 import sys
 import time
 
-
-def mem_available_kib():
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1])
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+from meminfo import mem_available_kib
 
 
 def main():

@@ -239,6 +239,20 @@ def fork_signals(configs, base_env, build):
     return rows
 
 
+def json_run(argv, env, ok_key, what, timeout=1800):
+    """Runs a benchmark script that prints one line of JSON; its result, or
+    None (with what it printed) when it failed or its `ok_key` is false."""
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
+    try:
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        r = {}
+    if p.returncode != 0 or not r.get(ok_key):
+        print(f"bench: {what} failed: {p.stderr[-300:]} {p.stdout[-300:]}")
+        return None
+    return r
+
+
 def fork_redis(configs, base_env, quick):
     """redis-server's BGSAVE over a heap of small objects while a client
     writes (bench/fork_redis.py). Plain is Redis as Debian ships it, on its
@@ -251,17 +265,11 @@ def fork_redis(configs, base_env, quick):
     rows = []
     for name, extra in fork_configs(configs):
         label = "redis (jemalloc)" if name == "glibc" else name
-        p = subprocess.run([sys.executable, script, "--mib", str(mib)] +
-                           [f"--env={k}={v}" for k, v in extra.items()],
-                           env=base_env, capture_output=True, text=True, timeout=1800)
-        try:
-            r = json.loads(p.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            r = {"rdb_ok": False}
-        if p.returncode != 0 or not r.get("rdb_ok"):
-            print(f"bench: fork_redis under {name} failed: {p.stderr[-300:]} {p.stdout[-300:]}")
-            continue
-        rows.append({"allocator": label, **r})
+        r = json_run([sys.executable, script, "--mib", str(mib)] +
+                     [f"--env={k}={v}" for k, v in extra.items()], base_env, "rdb_ok",
+                     f"fork_redis under {name}")
+        if r is not None:
+            rows.append({"allocator": label, **r})
     print(f"fork redis ({mib} MiB): " + "  ".join(
         f"{r['allocator']} fork {r['fork_ms']:.0f} ms, {r['lost_mib']} MiB" for r in rows),
         flush=True)
@@ -278,16 +286,10 @@ def fork_dataloader(configs, base_env, quick):
     mib = 64 if quick else 500
     rows = []
     for name, extra in fork_configs(configs):
-        p = subprocess.run([sys.executable, script, "--mib", str(mib), "--workers", "4"],
-                           env={**base_env, **extra}, capture_output=True, text=True, timeout=1800)
-        try:
-            r = json.loads(p.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            r = {"ok": False}
-        if p.returncode != 0 or not r.get("ok"):
-            print(f"bench: fork_dataloader under {name} failed: {p.stderr[-300:]}")
-            continue
-        rows.append({"allocator": name, **r})
+        r = json_run([sys.executable, script, "--mib", str(mib), "--workers", "4"],
+                     {**base_env, **extra}, "ok", f"fork_dataloader under {name}")
+        if r is not None:
+            rows.append({"allocator": name, **r})
     print(f"fork dataloader ({mib} MiB): " + "  ".join(
         f"{r['allocator']} {r['first_batch_s']:.2f} s" for r in rows), flush=True)
     return rows
@@ -303,16 +305,10 @@ def fork_workers(configs, base_env, quick):
     for name, extra in configs:
         if name in ("mimalloc", "mnemosyne-host"):
             continue  # the kernel's copy-on-write, as glibc's
-        p = subprocess.run([sys.executable, script, "--mib", str(mib), "--workers", str(workers)],
-                           env={**base_env, **extra}, capture_output=True, text=True, timeout=900)
-        try:
-            r = json.loads(p.stdout.strip().splitlines()[-1])
-        except (IndexError, ValueError):
-            r = {"ok": False}
-        if p.returncode != 0 or not r.get("ok"):
-            print(f"bench: fork_workers under {name} failed: {p.stderr[-300:]}")
-            continue
-        rows.append({"allocator": name, **r})
+        r = json_run([sys.executable, script, "--mib", str(mib), "--workers", str(workers)],
+                     {**base_env, **extra}, "ok", f"fork_workers under {name}", timeout=900)
+        if r is not None:
+            rows.append({"allocator": name, **r})
     line = "  ".join(f"{r['allocator']} {r['forks_s']:.2f} s, {r['lost_mib']} MiB" for r in rows)
     print(f"fork workers ({workers} of {mib} MiB): {line}", flush=True)
     return rows
