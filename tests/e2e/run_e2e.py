@@ -687,7 +687,10 @@ def case_fork_mpirun(tmp, backend):
         f.write(MPI_PROGRAM)
     subprocess.run(["mpicc", "-O2", src, "-o", exe], check=True)
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "3", exe]
-    events, base, _ = twice(tmp, backend, cmd, "mpirun", stdout_only=True)
+    # Each case's own session directory: mpiruns of cases running at once
+    # raced to create the shared /tmp/ompi.<host>.<uid> ("File exists").
+    events, base, _ = twice(tmp, backend, cmd, "mpirun", stdout_only=True,
+                            extra_env={"OMPI_MCA_orte_tmpdir_base": tmp})
     expect(base.stdout.startswith(b"ranks 3 total"), f"mpirun without mnemosyne: {base.stdout!r}")
     check_heap(events, backend, 0)
     if backend != "host":
