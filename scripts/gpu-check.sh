@@ -577,7 +577,10 @@ say ""
 # Forked workers (issue 36): children of forks that follow each other share
 # one image of the heap, compared page by page with the heap at each later
 # fork. Here the compare reads driver memory with the CPU (and copy_early
-# what lives on the device); each worker checks every byte it reads.
+# what lives on the device); each worker checks every byte it reads. A heap
+# this large is copied by mnemosyne's fork helpers too (several threads
+# reading driver memory at once; e2e fork-pool-large below checks what the
+# workers read, and how many threads copied).
 say "### Forked workers sharing one image (bench/fork_workers.py, 256 MiB heap, 4 workers)"
 say ""
 if [ -z "$python" ]; then
@@ -614,7 +617,7 @@ for dir in "$prebuilt" "$root/build"; do
 done
 # fork-snapshot early: what a child reads after its parent's driver copy
 # (cuMemcpyDtoH) into a heap block right after the fork (issue 36).
-e2e_cases=(probe fork-snapshot python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
+e2e_cases=(probe fork-snapshot fork-pool-large python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
            fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
            own-context fork-cross-free errno promises calloc fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))

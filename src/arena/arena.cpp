@@ -640,6 +640,10 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     }
   }
   if (p == nullptr) p = fallback(size, alignment, zero, why);
+#if !defined(_WIN32)
+  // The heap grew: past 256 MiB, a fork's copy gets threads of its own.
+  start_fork_copy_helpers();
+#endif
   if (p != nullptr) errno = saved_errno;
   return p;
 }
@@ -722,6 +726,7 @@ void stats(Stats* out) noexcept {
   out->grow_waits_timed_out = g_state.grow_waits_timed_out.load(std::memory_order_relaxed);
   out->fork_bytes_copied = g_state.fork_bytes_copied.load(std::memory_order_relaxed);
   out->fork_bytes_via_driver = g_state.fork_bytes_via_driver.load(std::memory_order_relaxed);
+  out->fork_copy_workers = g_state.fork_copy_workers.load(std::memory_order_relaxed);
   out->forked_child = g_state.forked_child;
 }
 

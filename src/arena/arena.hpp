@@ -176,6 +176,10 @@ bool child_after_fork() noexcept;
 // that map it keep it. From mimalloc's heartbeat (the allocation slow path):
 // cheap when there is nothing to release. Linux only.
 void release_idle_fork_image() noexcept;
+// Starts the threads that help a fork copy a large heap (fork_helpers.hpp)
+// once the segments a child would lack reach 256 MiB; cheap after that.
+// From the allocation slow path, outside every lock. Linux only.
+void start_fork_copy_helpers() noexcept;
 // For a fault handler in the child, before child_after_fork ran: whether
 // `addr` lies in a segment whose copy could not be made (reserved without
 // access). Async-signal-safe.
@@ -196,6 +200,7 @@ struct Stats {
   std::uint64_t grow_waits_timed_out = 0;
   std::uint64_t fork_bytes_copied = 0;      // written into children's copies
   std::uint64_t fork_bytes_via_driver = 0;  // read through the driver for them
+  std::uint64_t fork_copy_workers = 0;      // most threads one fork's copy ran on
   bool forked_child = false;                // this process is a child of fork() without exec
 };
 void stats(Stats* out) noexcept;

@@ -36,6 +36,10 @@
 // children that map it keep it), from mimalloc's heartbeat
 // (release_idle_fork_image) or at the next fork.
 //
+// A large heap (kParallelBytes) is copied, or compared, by the forking thread
+// and the fork helpers (fork_helpers.hpp) at once, each its share of every
+// segment (Share): one core does not read memory as fast as several.
+//
 // When the child gets its copy: in a child of a multi-threaded parent,
 // glibc's fork() touches the heap before any atfork child handler runs (it
 // resets the lock of every FILE). So the child maps the image at its first
@@ -51,6 +55,7 @@
 #include <mimalloc-live.h>
 
 #include "arena/arena.hpp"
+#include "arena/fork_helpers.hpp"
 #include "arena/segment_provider.hpp"
 #include "arena/state.hpp"
 #include "backend/backends.hpp"
@@ -83,6 +88,13 @@ constexpr std::size_t kCompareBytes = 64 * 1024;            // the base's pages,
 // mmaps (and a delta's runs, kMaxDeltaRuns) need too.
 constexpr std::size_t kMinFreeBytes = 64 * 1024;
 constexpr std::size_t kMaxFreeRuns = 1024;
+// A heap whose segments (those a child lacks) reach this is copied by the
+// fork helpers too (fork_helpers.hpp), each taking stripes of kStripeBytes:
+// 1,024 pages, 16 words of a page bitmap, so no two workers write the same
+// word (segments start kSegmentAlign-aligned).
+constexpr std::size_t kParallelBytes = std::size_t{256} << 20;
+constexpr std::size_t kStripeBytes = std::size_t{4} << 20;
+static_assert(kSegmentAlign % kStripeBytes == 0);
 
 // A descriptor kept as fd + 1, so that "none" is zero: the fork's state
 // below is then all zeros until a fork, and lives in .bss (a -1 in it put
@@ -146,10 +158,12 @@ struct Missing {
 // taken its copy.
 enum ChildState : int { kIdle, kPending, kRestored };
 
-// A pass's buffers (the two passes run under different locks).
+// A pass's buffers (the two passes run under different locks, and the CPU
+// pass on several threads: one each).
 struct Scratch {
   unsigned char residency[kWindowPages] = {};  // mincore's answer for a window
   unsigned char base_pages[kCompareBytes] = {};
+  unsigned char fault_bounce[64 * 1024] = {};  // write_image's
 };
 
 // The fork path's state, all of it. None of it may allocate (a fork may come
@@ -187,9 +201,13 @@ struct ForkCopy {
   std::atomic<int> child_state{kIdle};
   bool child_incomplete = false;  // in the child: a segment could not be restored
 
-  Scratch cpu_pass;                            // prepare_fork's, under the table lock
-  Scratch early_pass;                          // copy_early's, under the fork lock
-  unsigned char fault_bounce[64 * 1024] = {};  // write_image's, under the fork lock
+  // prepare_fork's CPU pass: the table entries of g_fork.shadows, and which
+  // of them could not be copied (written by every worker).
+  SegmentTable::Entry entries[kMaxShadows];
+  std::atomic<bool> failed[kMaxShadows];
+
+  Scratch cpu_pass[kMaxForkWorkers];  // prepare_fork's, under the table lock
+  Scratch early_pass;                 // copy_early's, under the fork lock
 };
 constinit ForkCopy g_fork;
 
@@ -331,18 +349,17 @@ void close_image() noexcept {
 // own fault handler, as the test double does with pages it holds "on the
 // device"), the bytes go through a buffer, read by this thread.
 
-bool write_image(const void* at, const void* src, std::size_t size) noexcept {
+bool write_image(const void* at, const void* src, std::size_t size,
+                 unsigned char (&bounce)[64 * 1024]) noexcept {
   auto* from = static_cast<const unsigned char*>(src);
   auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at));
   while (size > 0) {
     int err = 0;
     long n = platform::fork_image::write_at(g_fork.image.fd(), from, size, offset, &err);
     if (n < 0 && err == EFAULT) {
-      const std::size_t piece =
-          size < sizeof g_fork.fault_bounce ? size : sizeof g_fork.fault_bounce;
-      std::memcpy(g_fork.fault_bounce, from, piece);
-      n = platform::fork_image::write_at(g_fork.image.fd(), g_fork.fault_bounce, piece, offset,
-                                         &err);
+      const std::size_t piece = size < sizeof bounce ? size : sizeof bounce;
+      std::memcpy(bounce, from, piece);
+      n = platform::fork_image::write_at(g_fork.image.fd(), bounce, piece, offset, &err);
     }
     if (n <= 0) return false;
     from += n;
@@ -366,16 +383,30 @@ bool is_zero(const unsigned char* p, std::size_t n) noexcept {
   return acc == 0;
 }
 
+// Which live ranges of a segment a worker of the CPU pass copies. With
+// helpers, a mimalloc segment's metadata (its header and page table: the
+// range that starts at the segment, kSegmentAlign-aligned) is copied before
+// any of its blocks, as one thread copying in address order does: a free
+// another thread had begun when the copy started writes the block before
+// the page's list head, and the child must not get the head without the
+// block (mimalloc-live.h). So the workers first copy the metadata, each
+// that of the segments whose index it owns, and then, after every worker
+// is done, the rest, each its stripes of kStripeBytes.
+enum class Share { all, metadata, blocks };
+
 // One pass over a segment's live ranges: the early pass (through copy_out,
 // pages the CPU has not mapped) or the CPU pass (the rest).
 struct Pass {
   Shadow* shadow;
   BackendId backend;
   bool early;
-  unsigned char* residency;   // mincore buffer, kWindowPages entries
-  unsigned char* bounce;      // early pass: copy_out's destination
-  unsigned char* base_pages;  // a delta's: the base's pages, kCompareBytes
-  std::uint64_t bytes = 0;    // written into the image
+  Scratch* scratch;          // residency: mincore buffer; base_pages: a delta's, the base's pages
+  unsigned char* bounce;     // early pass: copy_out's destination
+  Share share = Share::all;  // the CPU pass with helpers: which ranges (see Share)
+  std::size_t worker = 0;    // this worker, of `workers`
+  std::size_t workers = 1;
+  bool whole = false;       // a segment live whole (a dedicated block): no metadata
+  std::uint64_t bytes = 0;  // written into the image
   std::uint64_t via_backend = 0;
   bool failed = false;  // the image could not take a write
   // Live ranges that touch are handled as one (a full page's blocks end
@@ -397,7 +428,7 @@ bool early_copied(const Shadow& s, std::size_t page_index) noexcept {
 
 void write_pages(Pass& pass, const unsigned char* at, const unsigned char* src,
                  std::size_t size) noexcept {
-  if (!write_image(at, src, size)) {
+  if (!write_image(at, src, size, pass.scratch->fault_bounce)) {
     pass.failed = true;
     return;
   }
@@ -417,11 +448,12 @@ void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
   for (std::size_t done = 0; done < size && !pass.failed;) {
     const std::size_t n = size - done < kCompareBytes ? size - done : kCompareBytes;
     const auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at + done));
-    long got = platform::fork_image::read_at(g_fork.base.fd.fd(), pass.base_pages, n, offset);
+    long got =
+        platform::fork_image::read_at(g_fork.base.fd.fd(), pass.scratch->base_pages, n, offset);
     if (got < 0) got = 0;  // unreadable: every page counts as different
     for (std::size_t i = 0; i < n; i += page) {
       const bool same = static_cast<std::size_t>(got) >= i + page &&
-                        std::memcmp(src + done + i, pass.base_pages + i, page) == 0;
+                        std::memcmp(src + done + i, pass.scratch->base_pages + i, page) == 0;
       set_bit(s.marks, static_cast<std::size_t>(at + done + i - base) / page, !same);
       if (!same) {
         run += page;
@@ -532,11 +564,11 @@ void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
       pass.window_first = p;
       pass.window_pages = std::min(kWindowPages, segment_pages - p);
       pass.window_known = platform::fork_image::resident_pages(
-          base + p * page, pass.window_pages * page, pass.residency);
+          base + p * page, pass.window_pages * page, pass.scratch->residency);
       if (!pass.window_known) {
         pass.window_pages = std::min(kWindowPages, end - p);
         pass.window_known = platform::fork_image::resident_pages(
-            base + p * page, pass.window_pages * page, pass.residency);
+            base + p * page, pass.window_pages * page, pass.scratch->residency);
       }
     }
     const std::size_t stop = std::min(end, pass.window_first + pass.window_pages);
@@ -548,7 +580,7 @@ void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
       continue;
     }
     const auto resident_at = [&pass](std::size_t i) {
-      return (pass.residency[i - pass.window_first] & 1) != 0;
+      return (pass.scratch->residency[i - pass.window_first] & 1) != 0;
     };
     for (std::size_t i = p; i < stop;) {
       const bool resident = resident_at(i);
@@ -566,10 +598,8 @@ void flush(Pass& pass) noexcept {
   pass.pending_size = 0;
 }
 
-// mnemosyne_mi_range_fn: one live range; they come in address order.
-void copy_range(void* start, std::size_t size, void* arg) noexcept {
-  Pass& pass = *static_cast<Pass*>(arg);
-  auto* at = static_cast<unsigned char*>(start);
+// A live range (or part of one) the pass copies.
+void take_range(Pass& pass, unsigned char* at, std::size_t size) noexcept {
   if (pass.pending_size != 0 && pass.pending + pass.pending_size == at) {
     pass.pending_size += size;
     return;
@@ -579,9 +609,36 @@ void copy_range(void* start, std::size_t size, void* arg) noexcept {
   pass.pending_size = size;
 }
 
+// mnemosyne_mi_range_fn: one live range; they come in address order.
+void copy_range(void* start, std::size_t size, void* arg) noexcept {
+  Pass& pass = *static_cast<Pass*>(arg);
+  auto* at = static_cast<unsigned char*>(start);
+  if (pass.share == Share::all) return take_range(pass, at, size);
+  const auto addr = reinterpret_cast<std::uintptr_t>(at);
+  // In an arena the walk reports each mimalloc segment's metadata first, as
+  // a range of its own that starts at the segment; no other range starts on
+  // a kSegmentAlign boundary (blocks follow the metadata in their segment).
+  const bool metadata = !pass.whole && addr % kSegmentAlign == 0;
+  if (pass.share == Share::metadata) {
+    if (metadata && addr / kSegmentAlign % pass.workers == pass.worker) take_range(pass, at, size);
+    return;
+  }
+  if (metadata) return;
+  while (size > 0) {
+    const auto a = reinterpret_cast<std::uintptr_t>(at);
+    const std::size_t stripe_left = kStripeBytes - a % kStripeBytes;
+    const std::size_t n = size < stripe_left ? size : stripe_left;
+    if (a / kStripeBytes % pass.workers == pass.worker) take_range(pass, at, n);
+    at += n;
+    size -= n;
+  }
+}
+
 void copy_segment(const SegmentTable::Entry& e, Pass& pass) noexcept {
+  pass.whole = e.dedicated;
   if (e.dedicated || mnemosyne_mi_arena_live(e.segment.start, &copy_range, &pass) == 0) {
-    copy_range(e.segment.start, e.segment.size, &pass);  // a dedicated block is live whole
+    pass.whole = true;  // a dedicated block is live whole
+    copy_range(e.segment.start, e.segment.size, &pass);
   }
   flush(pass);
 }
@@ -718,8 +775,7 @@ bool copy_early() noexcept {
     // (fork_readers), so reading its metadata here, outside the table lock,
     // is safe; a dedicated block freed meanwhile only makes copy_out fail,
     // and the table no longer lists it.
-    Pass pass{&s,     g_fork.snapshot[i].segment.backend, true, g_fork.early_pass.residency,
-              bounce, g_fork.early_pass.base_pages};
+    Pass pass{&s, g_fork.snapshot[i].segment.backend, true, &g_fork.early_pass, bounce};
     copy_segment(g_fork.snapshot[i], pass);
     add_copied(pass);
     ok = !pass.failed;
@@ -741,37 +797,74 @@ void end_early() noexcept {
 
 namespace {
 
+// A worker's share of the CPU pass over every segment copy_all prepared;
+// `arg` points to its Share.
+void copy_share(void* arg, std::size_t worker, std::size_t workers) noexcept {
+  const Share share = *static_cast<const Share*>(arg);
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+    if (g_fork.failed[i].load(std::memory_order_relaxed)) continue;
+    const SegmentTable::Entry& e = g_fork.entries[i];
+    Pass pass{&g_fork.shadows[i], e.segment.backend, false, &g_fork.cpu_pass[worker], nullptr};
+    pass.share = share;
+    pass.worker = worker;
+    pass.workers = workers;
+    copy_segment(e, pass);
+    add_copied(pass);
+    if (pass.failed) g_fork.failed[i].store(true, std::memory_order_relaxed);
+  }
+}
+
 // One walk: every segment a child does not inherit, into the image (its
 // shadows in g_fork.shadows, those it could not copy in g_fork.missing).
+// A heap of kParallelBytes or more is copied by the fork helpers too.
 void copy_all(bool adopt) noexcept {
   g_fork.shadow_count = 0;
   g_fork.missing_count = 0;
+  std::size_t bytes = 0;
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
     const SegmentTable::Entry& e = entries[i];
     if (!e.used || inherited(e.segment.backend)) continue;
-    Shadow& s = g_fork.shadows[g_fork.shadow_count];
+    const std::size_t k = g_fork.shadow_count++;
+    Shadow& s = g_fork.shadows[k];
     describe(s, e);
     if (adopt) adopt_early(e.serial, s);
     // Without it the child maps all of the segment from the image.
     s.live = map_bits(s.size / Os::page_size(), &s.live_map_bytes);
-    bool ok = open_image() && (s.marks != nullptr || begin_marks(s));
-    if (ok) {
-      Pass pass{&s,      e.segment.backend,         false, g_fork.cpu_pass.residency,
-                nullptr, g_fork.cpu_pass.base_pages};
-      copy_segment(e, pass);
-      add_copied(pass);
-      ok = !pass.failed;
-    }
+    g_fork.entries[k] = e;
+    const bool ok = open_image() && (s.marks != nullptr || begin_marks(s));
+    g_fork.failed[k].store(!ok, std::memory_order_relaxed);
+    if (ok) bytes += e.segment.size;
+  }
+  const std::size_t workers = bytes < kParallelBytes ? 1 : fork_workers_ready();
+  if (workers <= 1) {
+    Share all = Share::all;
+    copy_share(&all, 0, 1);
+  } else {
+    // Every worker's metadata before any worker's blocks (see Share).
+    Share metadata = Share::metadata;
+    Share blocks = Share::blocks;
+    run_on_fork_workers(&copy_share, &metadata, workers);
+    run_on_fork_workers(&copy_share, &blocks, workers);
+  }
+  if (bytes >= kParallelBytes &&
+      workers > g_state.fork_copy_workers.load(std::memory_order_relaxed)) {
+    g_state.fork_copy_workers.store(workers, std::memory_order_relaxed);
+  }
+  // The shadows copied stay, in order; the others are missing.
+  std::size_t kept = 0;
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+    Shadow& s = g_fork.shadows[i];
     drop_bitmap(s);  // the child has no use for it
-    if (!ok) {
+    if (g_fork.failed[i].load(std::memory_order_relaxed)) {
       drop_marks(s);
       drop_live(s);
-      g_fork.missing[g_fork.missing_count++] = Missing{e.segment.start, e.segment.size};
+      g_fork.missing[g_fork.missing_count++] = Missing{s.target, s.size};
       continue;
     }
-    ++g_fork.shadow_count;
+    g_fork.shadows[kept++] = s;
   }
+  g_fork.shadow_count = kept;
 }
 
 // A delta's runs of marked pages (a mapping each in the child), and its
@@ -865,6 +958,21 @@ void parent_after_fork() noexcept {
                                std::memory_order_release);
   }
   g_state.table.lock().unlock();
+}
+
+void start_fork_copy_helpers() noexcept {
+  if (g_state.forked_child || fork_helpers_started()) return;
+  std::size_t bytes = 0;
+  {
+    SpinGuard guard(g_state.table.lock());
+    const SegmentTable::Entry* entries = g_state.table.entries();
+    for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
+      if (entries[i].used && !inherited(entries[i].segment.backend)) {
+        bytes += entries[i].segment.size;
+      }
+    }
+  }
+  if (bytes >= kParallelBytes) start_fork_helpers(Os::cpu_count());
 }
 
 void release_idle_fork_image() noexcept {
@@ -1021,6 +1129,7 @@ bool restore_child_heap(const void* addr) noexcept {
 
 bool child_after_fork() noexcept {
   g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
+  forget_fork_helpers();
   g_state.fork_readers.store(0, std::memory_order_relaxed);  // the parent's walks
   // A child whose fork made no copy (a _Fork from a signal handler while
   // another thread's fork had not copied yet) lacks every segment that is not

@@ -65,6 +65,7 @@ struct State {
   std::atomic<std::uint64_t> grow_waits_timed_out{0};
   std::atomic<std::uint64_t> fork_bytes_copied{0};
   std::atomic<std::uint64_t> fork_bytes_via_driver{0};
+  std::atomic<std::size_t> fork_copy_workers{0};  // the most threads one fork's copy ran on
   bool forked_child = false;  // a child of fork() without exec: never calls the driver
 };
 

@@ -74,6 +74,8 @@ concept Layer = requires(const char* text, char* buf, std::size_t n, void* p, in
   // asynchronous signal blocked (the program's signals go to the threads it
   // chose); false when the OS refused.
   { P::start_thread(static_cast<void (*)(void*)>(nullptr), p) } -> std::same_as<bool>;
+  // The CPUs this process may run on (Linux: its affinity mask), at least 1.
+  { P::cpu_count() } -> std::same_as<std::size_t>;
 }
 &&requires(typename P::SignalMask* mask, const typename P::SignalMask& saved) {
   // The asynchronous signals (every one but the faults a thread raises
@@ -115,6 +117,7 @@ struct System {
   static void wake_all(std::atomic<std::uint32_t>* word) noexcept;
   static bool process_exiting() noexcept;
   static bool start_thread(void (*fn)(void*), void* arg) noexcept;
+  static std::size_t cpu_count() noexcept;
   static void block_async_signals(SignalMask* saved) noexcept;
   static void restore_signals(const SignalMask& saved) noexcept;
 };

@@ -123,6 +123,13 @@ bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   return rc == 0;
 }
 
+std::size_t System::cpu_count() noexcept {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return 1;
+  const int n = CPU_COUNT(&set);
+  return n > 0 ? static_cast<std::size_t>(n) : 1;
+}
+
 std::uint64_t System::monotonic_ns() noexcept {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);

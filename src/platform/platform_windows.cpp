@@ -112,6 +112,11 @@ DWORD WINAPI thread_main(LPVOID raw) {
 }
 }  // namespace
 
+std::size_t System::cpu_count() noexcept {
+  const DWORD n = GetActiveProcessorCount(ALL_PROCESSOR_GROUPS);
+  return n > 0 ? static_cast<std::size_t>(n) : 1;
+}
+
 // Windows has no signals to block.
 bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   int err = 0;

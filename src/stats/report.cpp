@@ -145,10 +145,11 @@ std::size_t format_json(const ReportContext& ctx, const Snapshot& snap, char* bu
         static_cast<unsigned long long>(snap.earlier.bytes));
   w.put(
       "  \"driver_allocations\": %llu,\n  \"fork_bytes_copied\": %llu,\n"
-      "  \"fork_bytes_via_driver\": %llu\n}\n",
+      "  \"fork_bytes_via_driver\": %llu,\n  \"fork_copy_workers\": %llu\n}\n",
       static_cast<unsigned long long>(a.driver_allocations),
       static_cast<unsigned long long>(a.fork_bytes_copied),
-      static_cast<unsigned long long>(a.fork_bytes_via_driver));
+      static_cast<unsigned long long>(a.fork_bytes_via_driver),
+      static_cast<unsigned long long>(a.fork_copy_workers));
   return w.used();
 }
 

@@ -80,7 +80,7 @@ ARENAS = {"MNEMOSYNE_PIN": "arena"}
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
-    "fork-from-thread", "fork-snapshot", "fork-free-space",
+    "fork-from-thread", "fork-snapshot", "fork-free-space", "fork-pool-large",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "calloc-big",
@@ -460,6 +460,50 @@ def case_fork_python(tmp, backend):
     parent_pids = {e["pid"] for e in events if e["event"] == "init"}
     child_calls = [e for e in events if e["pid"] not in parent_pids and e["event"] != "fork-child"]
     expect(not child_calls, f"the driver was called in a forked child: {child_calls[:3]}")
+
+
+PY_POOL_LARGE = r"""
+import hashlib, multiprocessing as mp
+# 320 MiB the workers read: 8 MiB and 64 KiB buffers, and smaller ones.
+bufs = [bytes([i % 251]) * (8 << 20) for i in range(30)]
+mids = [bytes([(i * 7) % 256]) * (64 << 10) + i.to_bytes(4, "little") for i in range(1200)]
+small = [("k%07d-" % i + "x" * (600 + i % 300)).encode() for i in range(20000)]
+def digest(k):
+    h = hashlib.sha256()
+    for part in (bufs[k::3], mids[k::3], small[k::3]):
+        for b in part:
+            h.update(b)
+    return h.hexdigest()
+if __name__ == "__main__":
+    ctx = mp.get_context("fork")
+    results = []
+    for round in range(2):
+        expected = [digest(k) for k in range(3)]
+        with ctx.Pool(3) as pool:
+            results.append(pool.map(digest, range(3)) == expected)
+        for i in range(round, len(bufs), 3):  # a third changes before the next pool
+            bufs[i] = bytes([(i + 7 + round) % 251]) * (8 << 20)
+    print("workers read their fork's heap:", results, expected[0][:16])
+"""
+
+
+def case_fork_pool_large(tmp, backend):
+    """A Python parent with 320 MiB of heap forks a pool of three workers,
+    twice, a third of the heap changed in between: each worker's digest of
+    its share matches the parent's. A heap that large is copied by the
+    forking thread and mnemosyne's fork helpers together (one less than the
+    CPUs, at most 7): the parent's statistics say how many took part."""
+    stats = tempfile.mkdtemp(prefix="stats-", dir=tmp)
+    extra = {"MNEMOSYNE_STATS_FILE": os.path.join(stats, "%p.json")}
+    events, _, mine = twice(tmp, backend, [PYTHON, "-c", PY_POOL_LARGE], "a pool over 320 MiB",
+                            extra_env=extra)
+    check_heap(events, backend, 0)
+    expect(b"[True, True]" in mine.stdout, f"a worker read a wrong heap: {mine.stdout!r}")
+    parents = [d for d in stats_in(stats) if not d["forked_child"]]
+    expect(len(parents) == 1, f"one parent's statistics expected: {len(parents)}")
+    want = min(len(os.sched_getaffinity(0)), 8)
+    expect(parents[0]["fork_copy_workers"] == want,
+           f"the copies ran on {parents[0]['fork_copy_workers']} threads, not {want}")
 
 
 PY_FORK_STORM = r"""

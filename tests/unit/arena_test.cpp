@@ -9,6 +9,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
@@ -19,6 +20,7 @@
 #include <cstddef>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -1495,6 +1497,74 @@ TEST(Arena, AForkWhoseChangesAreScatteredMakesANewImage) {
     expect_child_passed(pid);
     EXPECT_GE(fork_bytes_copied() - before, kSize) << "not a new image";
     arena::free(p, owner_tag(p));
+  });
+}
+
+std::uint64_t fork_copy_workers() {
+  arena::Stats st;
+  arena::stats(&st);
+  return st.fork_copy_workers;
+}
+
+// A heap of 256 MiB or more is copied by the forking thread and mnemosyne's
+// fork helpers at once (one less than the CPUs, at most 7), each its share:
+// the metadata of every mimalloc segment first, then stripes of 4 MiB.
+// Every child, of a base and of a delta, reads every block of every size
+// (small blocks, pages of several segments, dedicated blocks) as it was at
+// its fork.
+TEST(Arena, ALargeHeapIsCopiedByTheForkHelpers) {
+  IN_FRESH_PROCESS({
+    if (under_valgrind()) {  // 320 MiB copied and compared: minutes there
+      std::fprintf(stderr, "not run under valgrind: too slow there\n");
+      std::exit(0);
+    }
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const std::vector<std::size_t> sizes({64 * 1024, 48, kMiB, 200, 256 * 1024, 3000, 40 * kMiB});
+    std::vector<unsigned char*> blocks;
+    std::vector<std::size_t> lengths;
+    std::size_t total = 0;
+    for (std::size_t i = 0; total < 320 * kMiB; ++i) {
+      const std::size_t size = sizes[i % sizes.size()];
+      auto* p = static_cast<unsigned char*>(arena::alloc(size));
+      ASSERT_NE(p, nullptr);
+      blocks.push_back(p);
+      lengths.push_back(size);
+      total += size;
+    }
+    const auto value = [](std::size_t b, int gen) {
+      return static_cast<unsigned char>(b * 7 + static_cast<std::size_t>(gen) * 31 + 1);
+    };
+    const auto fill = [&](int gen, std::size_t step) {
+      for (std::size_t b = 0; b < blocks.size(); b += step)
+        std::memset(blocks[b], value(b, gen), lengths[b]);
+    };
+    // Each block as of generation `gen` (blocks off `step` as of gen - 1).
+    const auto holds = [&](int gen, std::size_t step) {
+      for (std::size_t b = 0; b < blocks.size(); ++b) {
+        const unsigned char v = value(b, b % step == 0 ? gen : gen - 1);
+        for (std::size_t i = 0; i < lengths[b]; i += 1024) {
+          if (blocks[b][i] != v || blocks[b][lengths[b] - 1] != v) return false;
+        }
+      }
+      return true;
+    };
+    fill(0, 1);
+    for (int gen = 0; gen < 2; ++gen) {
+      arena::prepare_fork();
+      const pid_t pid = fork();
+      if (pid == 0) {
+        if (!arena::child_after_fork()) _exit(10);
+        _exit(holds(gen, gen == 0 ? 1 : 3) ? 0 : 11);
+      }
+      arena::parent_after_fork();
+      fill(gen + 1, 3);  // the next fork's delta: a third of the blocks
+      expect_child_passed(pid);
+    }
+    cpu_set_t cpus;
+    ASSERT_EQ(sched_getaffinity(0, sizeof cpus, &cpus), 0);
+    const auto expected = static_cast<std::uint64_t>(std::min(CPU_COUNT(&cpus), 8));
+    EXPECT_EQ(fork_copy_workers(), expected);
+    for (unsigned char* p : blocks) arena::free(p, owner_tag(p));
   });
 }
 
