@@ -1350,10 +1350,14 @@ TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
   });
 }
 
-std::uint64_t fork_bytes_copied() {
+arena::Stats stats_now() {
   arena::Stats st;
   arena::stats(&st);
-  return st.fork_bytes_copied;
+  return st;
+}
+
+std::uint64_t fork_bytes_copied() {
+  return stats_now().fork_bytes_copied;
 }
 
 // The forks that follow each other share one image: the second writes only
@@ -1500,12 +1504,6 @@ TEST(Arena, AForkWhoseChangesAreScatteredMakesANewImage) {
   });
 }
 
-std::uint64_t fork_copy_workers() {
-  arena::Stats st;
-  arena::stats(&st);
-  return st.fork_copy_workers;
-}
-
 // A heap of 256 MiB or more is copied by the forking thread and mnemosyne's
 // fork helpers at once (one less than the CPUs, at most 7), each its share:
 // the metadata of every mimalloc segment first, then stripes of 4 MiB.
@@ -1563,7 +1561,7 @@ TEST(Arena, ALargeHeapIsCopiedByTheForkHelpers) {
     cpu_set_t cpus;
     ASSERT_EQ(sched_getaffinity(0, sizeof cpus, &cpus), 0);
     const auto expected = static_cast<std::uint64_t>(std::min(CPU_COUNT(&cpus), 8));
-    EXPECT_EQ(fork_copy_workers(), expected);
+    EXPECT_EQ(stats_now().fork_copy_workers, expected);
     for (unsigned char* p : blocks) arena::free(p, owner_tag(p));
   });
 }
