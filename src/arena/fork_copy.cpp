@@ -131,6 +131,13 @@ struct Shadow {
   // memory (map_free_space).
   std::uint64_t* live = nullptr;
   std::size_t live_map_bytes = 0;
+  // In the base: a read-only view of what it holds of this segment, mapped
+  // at the first delta over it (compare_view), for the forks that follow.
+  const unsigned char* view = nullptr;
+  // In a delta: the base's view and marks of the same segment, when the base
+  // holds it (a delta compares through them; otherwise with read_at).
+  const unsigned char* base_view = nullptr;
+  const std::uint64_t* base_marks = nullptr;
 };
 
 // The image kept for the children of the forks that follow (see above):
@@ -284,7 +291,10 @@ void set_bit(std::uint64_t* bits, std::size_t i, bool on) noexcept {
 // kBaseReleasing, or in a child.
 void drop_base() noexcept {
   for (std::size_t i = 0; i < g_fork.base.count; ++i) {
-    unmap_bits(g_fork.base.segments[i].marks, g_fork.base.segments[i].marks_map_bytes);
+    Shadow& held = g_fork.base.segments[i];
+    unmap_bits(held.marks, held.marks_map_bytes);
+    if (held.view != nullptr) platform::fork_image::unmap_view(held.view, held.size);
+    held.view = nullptr;
   }
   g_fork.base.count = 0;
   g_fork.base.pages = 0;
@@ -447,14 +457,27 @@ void put_delta(Pass& pass, const unsigned char* at, const unsigned char* src,
   std::size_t run = 0;  // pages that differ, not yet written, ending at `done`
   for (std::size_t done = 0; done < size && !pass.failed;) {
     const std::size_t n = size - done < kCompareBytes ? size - done : kCompareBytes;
-    const auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at + done));
-    long got =
-        platform::fork_image::read_at(g_fork.base.fd.fd(), pass.scratch->base_pages, n, offset);
-    if (got < 0) got = 0;  // unreadable: every page counts as different
+    // The base's pages: through its view (a page it does not hold reads
+    // zero, and is not read there), or read into the scratch buffer.
+    long got = static_cast<long>(n);
+    if (s.base_view == nullptr) {
+      const auto offset = static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(at + done));
+      got = platform::fork_image::read_at(g_fork.base.fd.fd(), pass.scratch->base_pages, n, offset);
+      if (got < 0) got = 0;  // unreadable: every page counts as different
+    }
     for (std::size_t i = 0; i < n; i += page) {
-      const bool same = static_cast<std::size_t>(got) >= i + page &&
-                        std::memcmp(src + done + i, pass.scratch->base_pages + i, page) == 0;
-      set_bit(s.marks, static_cast<std::size_t>(at + done + i - base) / page, !same);
+      const std::size_t index = static_cast<std::size_t>(at + done + i - base) / page;
+      const unsigned char* now = src + done + i;
+      bool same = false;
+      if (s.base_view == nullptr) {
+        same = static_cast<std::size_t>(got) >= i + page &&
+               std::memcmp(now, pass.scratch->base_pages + i, page) == 0;
+      } else if (bit(s.base_marks, index)) {
+        same = std::memcmp(now, s.base_view + (at + done + i - base), page) == 0;
+      } else {
+        same = is_zero(now, page);
+      }
+      set_bit(s.marks, index, !same);
       if (!same) {
         run += page;
         continue;
@@ -650,12 +673,29 @@ void describe(Shadow& s, const SegmentTable::Entry& e) noexcept {
   s.early = nullptr;
   s.marks = nullptr;
   s.live = nullptr;
+  s.view = nullptr;
+  s.base_view = nullptr;
+  s.base_marks = nullptr;
 }
 
 // copy_early's bitmap of the pages it copied.
 bool map_bitmap(Shadow& s) noexcept {
   s.early = map_bits(s.size / Os::page_size(), &s.early_map_bytes);
   return s.early != nullptr;
+}
+
+// A delta's segment that the base holds whole is compared through a view of
+// the base (mapped once, kept with the base): a read of the base with
+// read_at costs a system call and a copy per kCompareBytes, a delta of a
+// heap of small objects many of them.
+void compare_view(Shadow& held, Shadow& s) noexcept {
+  if (held.view == nullptr) {
+    held.view = platform::fork_image::map_view(
+        g_fork.base.fd.fd(), held.size,
+        static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(held.target)));
+  }
+  s.base_view = held.view;
+  s.base_marks = held.marks;
 }
 
 // The shadow's marks before its passes: in a base, none; in a delta, the
@@ -668,13 +708,14 @@ bool begin_marks(Shadow& s) noexcept {
   const auto lo = reinterpret_cast<std::uintptr_t>(s.target);
   const std::uintptr_t hi = lo + s.size;
   for (std::size_t b = 0; b < g_fork.base.count; ++b) {
-    const Shadow& held = g_fork.base.segments[b];
+    Shadow& held = g_fork.base.segments[b];
     const auto held_lo = reinterpret_cast<std::uintptr_t>(held.target);
     const std::uintptr_t from = held_lo > lo ? held_lo : lo;
     const std::uintptr_t to = held_lo + held.size < hi ? held_lo + held.size : hi;
     for (std::uintptr_t a = from; a < to; a += page) {
       if (bit(held.marks, (a - held_lo) / page)) set_bit(s.marks, (a - lo) / page, true);
     }
+    if (held.target == s.target && held.size == s.size) compare_view(held, s);
   }
   return true;
 }
@@ -706,6 +747,8 @@ bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
     out.early_map_bytes = s.early_map_bytes;
     out.marks = s.marks;
     out.marks_map_bytes = s.marks_map_bytes;
+    out.base_view = s.base_view;
+    out.base_marks = s.base_marks;
     s.early = nullptr;
     s.marks = nullptr;
     return true;

@@ -26,6 +26,12 @@ void close(int fd) noexcept;
 long write_at(int fd, const void* src, std::size_t n, std::uint64_t offset, int* err) noexcept;
 // Reads at most n bytes at `offset` into dst; the bytes read, or -1.
 long read_at(int fd, void* dst, std::size_t n, std::uint64_t offset) noexcept;
+// A read-only view of [offset, offset + size) of the file, shared (its own
+// pages: nothing copied), which a child does not inherit; null when the OS
+// refused. A page the file does not hold must not be read through it: on
+// tmpfs that read adds a page of zeros to the file (read_at does not).
+const unsigned char* map_view(int fd, std::size_t size, std::uint64_t offset) noexcept;
+void unmap_view(const unsigned char* view, std::size_t size) noexcept;
 
 // Maps [offset, offset + size) of the file at `at`, replacing what is there,
 // private and copy-on-write, read-write. False when the OS refused.

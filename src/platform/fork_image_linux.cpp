@@ -42,6 +42,18 @@ long read_at(int fd, void* dst, std::size_t n, std::uint64_t offset) noexcept {
   }
 }
 
+const unsigned char* map_view(int fd, std::size_t size, std::uint64_t offset) noexcept {
+  void* view =
+      mmap(nullptr, size, PROT_READ, MAP_SHARED | MAP_NORESERVE, fd, static_cast<off_t>(offset));
+  if (view == MAP_FAILED) return nullptr;
+  madvise(view, size, MADV_DONTFORK);  // refused: a child inherits it, read-only, unused
+  return static_cast<const unsigned char*>(view);
+}
+
+void unmap_view(const unsigned char* view, std::size_t size) noexcept {
+  munmap(const_cast<unsigned char*>(view), size);
+}
+
 bool map_at(int fd, void* at, std::size_t size, std::uint64_t offset) noexcept {
   return mmap(at, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_FIXED | MAP_NORESERVE, fd,
               static_cast<off_t>(offset)) != MAP_FAILED;
