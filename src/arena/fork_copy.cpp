@@ -1093,6 +1093,9 @@ void map_free_space(const Shadow& s, std::size_t* budget) noexcept {
 // they took of it). A release that was under way on another thread at the
 // fork left its state half-way: then only forgotten.
 void forget_base() noexcept {
+  // The parent's views of the base are not here (MADV_DONTFORK): their
+  // addresses may be another mapping's in this process, never unmapped.
+  for (std::size_t i = 0; i < g_fork.base.count; ++i) g_fork.base.segments[i].view = nullptr;
   if (g_fork.base_use.load(std::memory_order_relaxed) == kBaseReleasing) {
     g_fork.base.fd.forget();
     g_fork.base.count = 0;
