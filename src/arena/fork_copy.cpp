@@ -658,7 +658,6 @@ void copy_range(void* start, std::size_t size, void* arg) noexcept {
 }
 
 void copy_segment(const SegmentTable::Entry& e, Pass& pass) noexcept {
-  pass.whole = e.dedicated;
   if (e.dedicated || mnemosyne_mi_arena_live(e.segment.start, &copy_range, &pass) == 0) {
     pass.whole = true;  // a dedicated block is live whole
     copy_range(e.segment.start, e.segment.size, &pass);
@@ -757,12 +756,18 @@ bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
 }
 
 // True when some segment would need a copy in a child.
-bool any_segment_needs_copy() noexcept {
+// The bytes of the segments a child would need a copy of.
+std::size_t bytes_needing_copy() noexcept {
+  std::size_t bytes = 0;
   const SegmentTable::Entry* entries = g_state.table.entries();
   for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
-    if (entries[i].used && !inherited(entries[i].segment.backend)) return true;
+    if (entries[i].used && !inherited(entries[i].segment.backend)) bytes += entries[i].segment.size;
   }
-  return false;
+  return bytes;
+}
+
+bool any_segment_needs_copy() noexcept {
+  return bytes_needing_copy() != 0;
 }
 
 void add_copied(const Pass& pass) noexcept {
@@ -1008,12 +1013,7 @@ void start_fork_copy_helpers() noexcept {
   std::size_t bytes = 0;
   {
     SpinGuard guard(g_state.table.lock());
-    const SegmentTable::Entry* entries = g_state.table.entries();
-    for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
-      if (entries[i].used && !inherited(entries[i].segment.backend)) {
-        bytes += entries[i].segment.size;
-      }
-    }
+    bytes = bytes_needing_copy();
   }
   if (bytes >= kParallelBytes) start_fork_helpers(Os::cpu_count());
 }
