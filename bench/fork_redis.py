@@ -15,7 +15,14 @@ not this client. Measured:
                  (MemAvailable before it, less its lowest value)
   keys, rdb_ok   the keys redis-check-rdb read back from the child's file
 
-Prints one line of JSON. Usage: fork_redis.py [--mib N] [--env NAME=VALUE]...
+With --saves N, N saves --pause seconds apart, as `save <seconds>` makes
+a server snapshot periodically: fork_ms_each lists each save's fork, the
+figures above are the last save's, every save's file is checked, and
+held_mib is the memory the machine lost between the first save and the
+last (what a kept image of the heap costs).
+
+Prints one line of JSON. Usage:
+  fork_redis.py [--mib N] [--saves N] [--pause SECONDS] [--env NAME=VALUE]...
 """
 import argparse
 import json
@@ -82,6 +89,18 @@ class Client:
         return fields
 
 
+def rdb_keys(work):
+    """The keys redis-check-rdb reads from the save's file (0 when it fails)."""
+    check = subprocess.run(["redis-check-rdb", os.path.join(work, "dump.rdb")],
+                           capture_output=True, text=True)
+    if check.returncode != 0:
+        return 0
+    for line in check.stdout.splitlines():
+        if "keys read" in line:
+            return int(line.split("]")[-1].split()[0])
+    return 0
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -91,6 +110,8 @@ def free_port():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mib", type=int, default=2048)
+    ap.add_argument("--saves", type=int, default=1)
+    ap.add_argument("--pause", type=float, default=0.0, help="seconds between saves")
     ap.add_argument("--env", action="append", default=[], help="NAME=VALUE for the server")
     a = ap.parse_args()
     server = shutil.which("redis-server")
@@ -141,19 +162,30 @@ def main():
 
         th = threading.Thread(target=writer)
         th.start()
-        time.sleep(0.3)
-        stats["worst"] = 0.0
-        before = mem_available_kib()
-        lowest = before
-        ops_before = stats["ops"]
-        started = time.monotonic()
-        c.call("BGSAVE")
-        while True:
-            lowest = min(lowest, mem_available_kib())
-            if c.info("persistence").get("rdb_bgsave_in_progress") == "0":
-                break
-            time.sleep(0.02)
-        save_s = time.monotonic() - started
+        fork_ms_each = []
+        saves_ok = True
+        for save in range(a.saves):
+            if save:
+                time.sleep(a.pause)
+            time.sleep(0.3)
+            stats["worst"] = 0.0
+            before = mem_available_kib()
+            if save == 0:
+                first_before = before
+            lowest = before
+            ops_before = stats["ops"]
+            started = time.monotonic()
+            c.call("BGSAVE")
+            while True:
+                lowest = min(lowest, mem_available_kib())
+                if c.info("persistence").get("rdb_bgsave_in_progress") == "0":
+                    break
+                time.sleep(0.02)
+            save_s = time.monotonic() - started
+            fork_ms_each.append(round(int(c.info("stats")["latest_fork_usec"]) / 1000, 1))
+            if a.saves > 1:
+                saves_ok = saves_ok and rdb_keys(work) == keys and \
+                    c.info("persistence").get("rdb_last_bgsave_status") == "ok"
         stop.set()
         th.join()
         persistence = c.info("persistence")
@@ -164,19 +196,15 @@ def main():
         except RuntimeError:
             pass
         proc.wait(timeout=60)
-        check = subprocess.run(["redis-check-rdb", os.path.join(work, "dump.rdb")],
-                               capture_output=True, text=True)
-        read = 0
-        for line in check.stdout.splitlines():
-            if "keys read" in line:
-                read = int(line.split("]")[-1].split()[0])
-        rdb_ok = (persistence.get("rdb_last_bgsave_status") == "ok" and check.returncode == 0 and
-                  read == keys)
+        read = rdb_keys(work)
+        rdb_ok = (persistence.get("rdb_last_bgsave_status") == "ok" and read == keys and
+                  saves_ok)
         print(json.dumps({"used_mib": used_mib, "keys": keys, "fork_ms": round(fork_usec / 1000, 1),
                           "worst_ms": round(stats["worst"] * 1000, 1),
                           "writes_during_save": stats["ops"] - ops_before,
                           "save_s": round(save_s, 2), "lost_mib": (before - lowest) // 1024,
-                          "keys_read": read, "rdb_ok": rdb_ok}))
+                          "keys_read": read, "rdb_ok": rdb_ok, "fork_ms_each": fork_ms_each,
+                          "held_mib": (first_before - before) // 1024}))
         return 0 if rdb_ok else 1
     finally:
         if proc.poll() is None:

@@ -43,6 +43,9 @@ struct Config {
   // pinned: page-lock each arena whole, or only the granules mimalloc
   // commits, and by which route (MNEMOSYNE_PIN; set_pinned_commit).
   PinnedCommit pin = PinnedCommit::whole;
+  // How long a fork's image is kept for the forks that follow (fork_copy.cpp;
+  // MNEMOSYNE_FORK_KEEP_MS); 0: none is kept.
+  std::uint64_t fork_keep_ns = 2'000'000'000;
   HostHeap host{};
   void (*warn)(const char* line) = nullptr;  // one line, no newline
 };

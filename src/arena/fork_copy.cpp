@@ -27,7 +27,8 @@
 //    them in place (copy_run says why), the zero ones left out.
 //
 // Children that follow each other share one image (the base): the first
-// fork's image is kept, and a fork soon after (kReuseWindowNs) writes only
+// fork's image is kept, and a fork soon after (Config::fork_keep_ns,
+// MNEMOSYNE_FORK_KEEP_MS) writes only
 // the pages whose contents differ from it into an image of its own (a
 // delta), which its child maps over the base where they differ. Contents
 // are compared, not tracked: memory a GPU or a driver copy writes changes
@@ -70,9 +71,13 @@ constexpr std::size_t kMaxShadows = SegmentTable::kCapacity;
 // The image's size: every user address (ownership_map.hpp) is an offset.
 constexpr std::uint64_t kImageBytes = std::uint64_t{1} << kAddressBits;
 // A fork soon after the last one shares its base: the forks of a pool of
-// workers or a data loader come a few milliseconds apart; a server's
-// periodic fork (a snapshot a minute) gets an image of its own.
-constexpr std::uint64_t kReuseWindowNs = 2'000'000'000;
+// workers or a data loader come a few milliseconds apart; by default (2 s)
+// a server's periodic fork (a snapshot a minute) gets an image of its own,
+// and keeps no copy of the heap in memory in between. MNEMOSYNE_FORK_KEEP_MS
+// trades that memory for cheaper periodic forks, or (0) keeps none.
+std::uint64_t keep_ns() noexcept {
+  return g_state.cfg.fork_keep_ns;
+}
 // A delta whose pages reach half the base's makes the next fork a base.
 // Runs of a delta are mappings in the child (the kernel allows 65,530 by
 // default, the program's own among them): past kMaxDeltaRuns the fork
@@ -317,7 +322,7 @@ void use_base() noexcept {
 // Whether this fork's image can be a delta over the base: a base there is,
 // a fork came within the window, and the last delta stayed small.
 bool base_reusable() noexcept {
-  return g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns <= kReuseWindowNs &&
+  return g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns <= keep_ns() &&
          g_fork.base.delta_pages <= g_fork.base.pages / 2;
 }
 
@@ -935,13 +940,14 @@ std::size_t count_delta_runs() noexcept {
 }
 
 // After the fork, in the parent: a complete base image is kept for the forks
-// that follow; a delta leaves its size, for the next fork to judge.
+// that follow (unless FORK_KEEP_MS is 0); a delta leaves its size, for the
+// next fork to judge.
 void keep_image() noexcept {
   for (std::size_t i = 0; i < g_fork.shadow_count; ++i) drop_live(g_fork.shadows[i]);
   if (g_fork.image.open() && g_fork.delta) {
     g_fork.base.delta_pages = g_fork.delta_pages;
     g_fork.base.last_fork_ns = Os::monotonic_ns();
-  } else if (g_fork.image.open() && g_fork.missing_count == 0) {
+  } else if (g_fork.image.open() && g_fork.missing_count == 0 && keep_ns() != 0) {
     drop_base();
     for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
       Shadow& held = g_fork.base.segments[g_fork.base.count++];
@@ -1002,8 +1008,7 @@ void parent_after_fork() noexcept {
   g_fork.shadow_count = 0;
   close_image();  // the child holds its own descriptor to it
   if (g_fork.base.fd.open()) {
-    g_fork.base_deadline.store(g_fork.base.last_fork_ns + kReuseWindowNs,
-                               std::memory_order_release);
+    g_fork.base_deadline.store(g_fork.base.last_fork_ns + keep_ns(), std::memory_order_release);
   }
   g_state.table.lock().unlock();
 }
@@ -1027,7 +1032,7 @@ void release_idle_fork_image() noexcept {
     return;  // a fork uses it
   }
   const int saved_errno = errno;
-  if (g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns > kReuseWindowNs)
+  if (g_fork.base.fd.open() && Os::monotonic_ns() - g_fork.base.last_fork_ns > keep_ns())
     drop_base();
   if (!g_fork.base.fd.open()) g_fork.base_deadline.store(0, std::memory_order_relaxed);
   g_fork.base_use.store(kBaseFree, std::memory_order_release);

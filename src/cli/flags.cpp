@@ -65,6 +65,8 @@ std::string metavar_of(const config::OptionInfo& info) {
       return "NAME[,NAME...]";
     case config::Type::word:
       return "KEY";
+    case config::Type::milliseconds:
+      return "MS";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -95,6 +97,8 @@ std::string syntax_of(const config::OptionInfo& info) {
              "python3,train*.py";
     case config::Type::word:
       return "a key, as mnemosyne writes it";
+    case config::Type::milliseconds:
+      return "a whole number of milliseconds, 0 to 2147483647";
     case config::Type::integer_or_word:
     case config::Type::choice:
       break;
@@ -213,6 +217,7 @@ bool check_flag_value(const Flag& flag, const std::string& value, std::string* e
       break;
     case config::Type::program_list:
     case config::Type::word:
+    case config::Type::milliseconds:
       break;  // the library's own reader checks it below
     case config::Type::integer_or_word:
       // DEVICE=local-rank is resolved in COMMAND's environment (an MPI or

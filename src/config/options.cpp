@@ -25,6 +25,7 @@ enum Row : std::size_t {
   kContext,
   kZeroed,
   kPin,
+  kForkKeepMs,
   kVerbose,
   kShowStats,
   kStatsFile,
@@ -96,6 +97,12 @@ constexpr OptionInfo kTable[kRowCount] = {
      "every block, but the driver refuses cuMemcpy of a block that spans two granules, "
      "CUDA_ERROR_INVALID_VALUE).",
      "MNEMOSYNE_PIN=arena"},
+    {"FORK_KEEP_MS", Type::milliseconds, "2000",
+     "Linux, CUDA backends: how long the copy of the heap a fork made is kept after the last "
+     "fork, for a later fork to share (it then writes only the pages that changed) at the cost "
+     "of that copy held in memory (shared memory, up to the live heap); 0 keeps none, and every "
+     "fork copies the whole heap.",
+     "MNEMOSYNE_FORK_KEEP_MS=120000"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -138,7 +145,8 @@ constexpr bool row_is(Row row, const char* name) {
 static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is(kSize, "SIZE") &&
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
               row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
-              row_is(kZeroed, "ZEROED") && row_is(kPin, "PIN") && row_is(kVerbose, "VERBOSE") &&
+              row_is(kZeroed, "ZEROED") && row_is(kPin, "PIN") &&
+              row_is(kForkKeepMs, "FORK_KEEP_MS") && row_is(kVerbose, "VERBOSE") &&
               row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
               row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
               row_is(kExclude, "EXCLUDE") && row_is(kWarned, "WARNED") &&
@@ -370,6 +378,15 @@ void Reader::apply(Row row, const Entry& e) noexcept {
       choose(row, e, {pin_name(Pin::arena), pin_name(Pin::granule), pin_name(Pin::vmm)},
              {Pin::arena, Pin::granule, Pin::vmm}, "arena, granule or vmm", &o.pin);
       return;
+    case kForkKeepMs: {
+      std::uint64_t ms = 0;
+      if (!detail::parse_decimal(e.value, detail::length(e.value), kMaxForkKeepMs, &ms)) {
+        invalid(row, e, "a whole number of milliseconds (0 to 2147483647)");
+        return;
+      }
+      o.fork_keep_ms = static_cast<std::uint32_t>(ms);
+      return;
+    }
     case kVerbose:
     case kShowStats:
     case kDisable: {

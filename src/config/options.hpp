@@ -29,6 +29,10 @@ inline constexpr Pin kDefaultPin = Pin::arena;
 inline constexpr Pin kDefaultPin = Pin::vmm;
 #endif
 
+// FORK_KEEP_MS's default and its largest value (about 24.8 days).
+inline constexpr std::uint32_t kDefaultForkKeepMs = 2000;
+inline constexpr std::uint32_t kMaxForkKeepMs = 2147483647;
+
 struct Options {
   bool disable = false;                    // DISABLE
   BackendId backend = BackendId::unified;  // BACKEND
@@ -38,20 +42,21 @@ struct Options {
   bool size_routing = false;               // SIZE given
   std::size_t size_min = 0;                // SIZE=min[:max]
   std::size_t size_max = SIZE_MAX;
-  std::size_t arena_size = std::size_t{64} << 20;  // ARENA_SIZE
-  std::size_t limit = 0;                           // LIMIT, 0 = none
-  Fallback fallback = Fallback::host;              // FALLBACK
-  Context context = Context::primary;              // CONTEXT
-  Zeroed zeroed = Zeroed::automatic;               // ZEROED
-  Pin pin = kDefaultPin;                           // PIN
-  bool verbose = false;                            // VERBOSE
-  bool show_stats = false;                         // SHOW_STATS
-  char stats_file[512] = {};                       // STATS_FILE ("" = none), %p not yet replaced
-  char cuda_driver[512] = {};                      // CUDA_DRIVER ("" = default search)
-  char programs[512] = {};                         // PROGRAMS ("" = every program)
-  char exclude[512] = {};                          // EXCLUDE ("" = none); read_options sets
-                                                   // the default, kDefaultExclude
-  char warned[64] = {};                            // WARNED ("" = none)
+  std::size_t arena_size = std::size_t{64} << 20;   // ARENA_SIZE
+  std::size_t limit = 0;                            // LIMIT, 0 = none
+  Fallback fallback = Fallback::host;               // FALLBACK
+  Context context = Context::primary;               // CONTEXT
+  Zeroed zeroed = Zeroed::automatic;                // ZEROED
+  Pin pin = kDefaultPin;                            // PIN
+  std::uint32_t fork_keep_ms = kDefaultForkKeepMs;  // FORK_KEEP_MS
+  bool verbose = false;                             // VERBOSE
+  bool show_stats = false;                          // SHOW_STATS
+  char stats_file[512] = {};                        // STATS_FILE ("" = none), %p not yet replaced
+  char cuda_driver[512] = {};                       // CUDA_DRIVER ("" = default search)
+  char programs[512] = {};                          // PROGRAMS ("" = every program)
+  char exclude[512] = {};                           // EXCLUDE ("" = none); read_options sets
+                                                    // the default, kDefaultExclude
+  char warned[64] = {};                             // WARNED ("" = none)
 };
 
 // EXCLUDE's default: programs that need a single-threaded process, which the
@@ -74,6 +79,7 @@ enum class Type : std::uint8_t {
   size,
   size_range,
   integer_or_word,
+  milliseconds,  // a whole number of milliseconds
   choice,
   path,
   program_list,

@@ -1568,24 +1568,27 @@ TEST(Arena, ALargeHeapIsCopiedByTheForkHelpers) {
 
 // The image kept for the forks that follow is closed once none has come for
 // the reuse window (2 s), at an allocation's slow path.
+// The fork images this process holds open.
+int fork_images() {
+  int n = 0;
+  char link[256];
+  for (int fd = 0; fd < 1024; ++fd) {
+    const std::string path = "/proc/self/fd/" + std::to_string(fd);
+    const ssize_t len = readlink(path.c_str(), link, sizeof link - 1);
+    if (len <= 0) continue;
+    link[len] = 0;
+    n += std::strstr(link, "mnemosyne-fork") != nullptr;
+  }
+  return n;
+}
+
 TEST(Arena, AnIdleForkImageIsReleased) {
   IN_FRESH_PROCESS({
     ASSERT_TRUE(start_arena(config(BackendId::unified)));
     auto* p = static_cast<unsigned char*>(arena::alloc(4 * kMiB));
     ASSERT_NE(p, nullptr);
     std::memset(p, 3, 4 * kMiB);
-    auto images = [] {
-      int n = 0;
-      char link[256];
-      for (int fd = 0; fd < 1024; ++fd) {
-        const std::string path = "/proc/self/fd/" + std::to_string(fd);
-        const ssize_t len = readlink(path.c_str(), link, sizeof link - 1);
-        if (len <= 0) continue;
-        link[len] = 0;
-        n += std::strstr(link, "mnemosyne-fork") != nullptr;
-      }
-      return n;
-    };
+    auto images = [] { return fork_images(); };
     arena::prepare_fork();
     const pid_t pid = fork();
     if (pid == 0) _exit(arena::child_after_fork() && images() == 0 ? 0 : 10);
@@ -1603,6 +1606,63 @@ TEST(Arena, AnIdleForkImageIsReleased) {
     for (void* q : small) arena::free(q, owner_tag(q));
     arena::free(p, owner_tag(p));
   });
+}
+
+// MNEMOSYNE_FORK_KEEP_MS (Config::fork_keep_ns): 0 keeps no image, so the
+// next fork copies the whole heap again; a keep shorter than the pause
+// between two forks makes the second copy it all too; one longer than the
+// default 2 s keeps it past them, and the second fork writes only what
+// changed. Each child reads its heap as it was at its own fork.
+TEST(Arena, TheForkImageIsKeptAsLongAsConfigured) {
+  struct Case {
+    std::uint64_t keep_ms;
+    int pause_ms;
+    bool shared;  // the second fork writes only what changed
+  };
+  for (const Case c : {Case{0, 0, false}, Case{200, 500, false}, Case{10000, 2300, true}}) {
+    SCOPED_TRACE("keep " + std::to_string(c.keep_ms) + " ms");
+    IN_FRESH_PROCESS({
+      arena::Config cfg = config(BackendId::unified);
+      cfg.fork_keep_ns = c.keep_ms * 1'000'000;
+      ASSERT_TRUE(start_arena(cfg));
+      constexpr std::size_t kSize = 16 * kMiB;
+      auto* p = static_cast<unsigned char*>(arena::alloc(kSize));
+      ASSERT_NE(p, nullptr);
+      std::memset(p, 1, kSize);
+      // Forks a child that checks every page: `head` in the first MiB, 1 in
+      // the rest.
+      auto fork_reading = [&](unsigned char head) {
+        arena::prepare_fork();
+        const pid_t pid = fork();
+        if (pid == 0) {
+          if (!arena::child_after_fork()) _exit(10);
+          for (std::size_t i = 0; i < kSize; i += 4096) {
+            if (p[i] != (i < kMiB ? head : 1)) _exit(11);
+          }
+          _exit(0);
+        }
+        arena::parent_after_fork();
+        return pid;
+      };
+      const std::uint64_t before = fork_bytes_copied();
+      const pid_t first = fork_reading(1);
+      EXPECT_GE(fork_bytes_copied() - before, kSize) << "the first fork copies the heap";
+      EXPECT_EQ(fork_images(), c.keep_ms == 0 ? 0 : 1) << "the image kept after the fork";
+      std::memset(p, 2, kMiB);  // one MiB changed
+      std::this_thread::sleep_for(std::chrono::milliseconds(c.pause_ms));
+      const std::uint64_t middle = fork_bytes_copied();
+      const pid_t second = fork_reading(2);
+      const std::uint64_t copied = fork_bytes_copied() - middle;
+      if (c.shared) {
+        EXPECT_LT(copied, 2 * kMiB) << "the second fork did not share the kept image";
+      } else {
+        EXPECT_GE(copied, kSize) << "the second fork shared an image it should not have kept";
+      }
+      expect_child_passed(first);
+      expect_child_passed(second);
+      arena::free(p, owner_tag(p));
+    });
+  }
 }
 
 // From here on, madvise(MADV_DONTFORK) fails with EINVAL in this process (a

@@ -219,6 +219,7 @@ void expect_defaults(const Options& o) {
   EXPECT_EQ(o.fallback, d.fallback);
   EXPECT_EQ(o.context, Context::primary);
   EXPECT_EQ(o.zeroed, Zeroed::automatic);
+  EXPECT_EQ(o.fork_keep_ms, 2000u);
   EXPECT_EQ(o.verbose, d.verbose);
   EXPECT_EQ(o.show_stats, d.show_stats);
   EXPECT_STREQ(o.stats_file, "");
@@ -241,14 +242,23 @@ TEST(ConfigTable, NamesTypesAndOrder) {
     const char* name;
     Type type;
   } expected[] = {
-      {"BACKEND", Type::choice},       {"DEVICE", Type::integer_or_word},
-      {"SIZE", Type::size_range},      {"ARENA_SIZE", Type::size},
-      {"LIMIT", Type::size},           {"FALLBACK", Type::choice},
-      {"CONTEXT", Type::choice},       {"ZEROED", Type::choice},
-      {"PIN", Type::choice},           {"VERBOSE", Type::boolean},
-      {"SHOW_STATS", Type::boolean},   {"STATS_FILE", Type::path},
-      {"CUDA_DRIVER", Type::path},     {"PROGRAMS", Type::program_list},
-      {"EXCLUDE", Type::program_list}, {"WARNED", Type::word},
+      {"BACKEND", Type::choice},
+      {"DEVICE", Type::integer_or_word},
+      {"SIZE", Type::size_range},
+      {"ARENA_SIZE", Type::size},
+      {"LIMIT", Type::size},
+      {"FALLBACK", Type::choice},
+      {"CONTEXT", Type::choice},
+      {"ZEROED", Type::choice},
+      {"PIN", Type::choice},
+      {"FORK_KEEP_MS", Type::milliseconds},
+      {"VERBOSE", Type::boolean},
+      {"SHOW_STATS", Type::boolean},
+      {"STATS_FILE", Type::path},
+      {"CUDA_DRIVER", Type::path},
+      {"PROGRAMS", Type::program_list},
+      {"EXCLUDE", Type::program_list},
+      {"WARNED", Type::word},
       {"DISABLE", Type::boolean},
   };
   ASSERT_EQ(count, std::size(expected));
@@ -432,6 +442,7 @@ TEST(ConfigRead, EveryOptionValid) {
       "MNEMOSYNE_FALLBACK=fail",
       "MNEMOSYNE_CONTEXT=own",
       "MNEMOSYNE_ZEROED=no",
+      "MNEMOSYNE_FORK_KEEP_MS=120000",
       "MNEMOSYNE_VERBOSE=1",
       "MNEMOSYNE_SHOW_STATS=yes",
       "MNEMOSYNE_STATS_FILE=/tmp/stats.%p.json",
@@ -452,6 +463,7 @@ TEST(ConfigRead, EveryOptionValid) {
   EXPECT_EQ(o.fallback, Fallback::fail);
   EXPECT_EQ(o.context, Context::own);
   EXPECT_EQ(o.zeroed, Zeroed::no);
+  EXPECT_EQ(o.fork_keep_ms, 120000u);
   EXPECT_TRUE(o.verbose);
   EXPECT_TRUE(o.show_stats);
   EXPECT_STREQ(o.stats_file, "/tmp/stats.%p.json");
@@ -572,6 +584,17 @@ TEST(ConfigRead, ArenaSizeMinimum) {
   EXPECT_EQ(g_lines.size(), 1u);
 }
 
+TEST(ConfigRead, ForkKeepMilliseconds) {
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_KEEP_MS=0"}).fork_keep_ms, 0u);
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_KEEP_MS=2147483647"}).fork_keep_ms, 2147483647u);
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_KEEP_MS=2s"}).fork_keep_ms, 2000u);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_EQ(g_lines[0],
+            "mnemosyne: MNEMOSYNE_FORK_KEEP_MS=2s is not a whole number of milliseconds (0 to "
+            "2147483647); using the default (2000)");
+}
+
 TEST(ConfigRead, LimitWarningFormat) {
   EXPECT_EQ(read({"MNEMOSYNE_LIMIT=12Q"}).limit, 0u);
   ASSERT_EQ(g_lines.size(), 1u);
@@ -605,27 +628,28 @@ TEST_P(ConfigInvalid, OneWarningAndTheDefault) {
 
 INSTANTIATE_TEST_SUITE_P(
     AllTypes, ConfigInvalid,
-    ::testing::Values(Invalid{"MNEMOSYNE_BACKEND", "cuda"}, Invalid{"MNEMOSYNE_BACKEND", ""},
-                      Invalid{"MNEMOSYNE_BACKEND", " unified"},
-                      Invalid{"MNEMOSYNE_BACKEND", "none"},
-                      Invalid{"MNEMOSYNE_BACKEND", "unifiedunifiedunified"},
-                      Invalid{"MNEMOSYNE_DEVICE", "-1"}, Invalid{"MNEMOSYNE_DEVICE", "x"},
-                      Invalid{"MNEMOSYNE_DEVICE", "1024"}, Invalid{"MNEMOSYNE_DEVICE", ""},
-                      Invalid{"MNEMOSYNE_DEVICE", "1 "}, Invalid{"MNEMOSYNE_DEVICE", "local_rank"},
-                      Invalid{"MNEMOSYNE_DEVICE", "99999999999999999999"},
-                      Invalid{"MNEMOSYNE_SIZE", "5:3"}, Invalid{"MNEMOSYNE_SIZE", "1M:"},
-                      Invalid{"MNEMOSYNE_SIZE", ":"}, Invalid{"MNEMOSYNE_SIZE", "a:b"},
-                      Invalid{"MNEMOSYNE_SIZE", ""}, Invalid{"MNEMOSYNE_ARENA_SIZE", "abc"},
-                      Invalid{"MNEMOSYNE_ARENA_SIZE", "1M"}, Invalid{"MNEMOSYNE_ARENA_SIZE", "0"},
-                      Invalid{"MNEMOSYNE_ARENA_SIZE", "1.5G"}, Invalid{"MNEMOSYNE_LIMIT", ""},
-                      Invalid{"MNEMOSYNE_LIMIT", "abc"}, Invalid{"MNEMOSYNE_LIMIT", "12Q"},
-                      Invalid{"MNEMOSYNE_LIMIT", "-5"}, Invalid{"MNEMOSYNE_LIMIT", "1.5G"},
-                      Invalid{"MNEMOSYNE_LIMIT", "18446744073709551616"},
-                      Invalid{"MNEMOSYNE_LIMIT", "99999999T"}, Invalid{"MNEMOSYNE_LIMIT", "4 K"},
-                      Invalid{"MNEMOSYNE_LIMIT", "K"}, Invalid{"MNEMOSYNE_FALLBACK", "none"},
-                      Invalid{"MNEMOSYNE_FALLBACK", ""}, Invalid{"MNEMOSYNE_VERBOSE", "maybe"},
-                      Invalid{"MNEMOSYNE_SHOW_STATS", "2"}, Invalid{"MNEMOSYNE_DISABLE", "enabled"},
-                      Invalid{"mnemosyne_limit", "12Q"}, Invalid{"MNEMOSYNE_Backend", "CUDA"}));
+    ::testing::Values(
+        Invalid{"MNEMOSYNE_BACKEND", "cuda"}, Invalid{"MNEMOSYNE_BACKEND", ""},
+        Invalid{"MNEMOSYNE_BACKEND", " unified"}, Invalid{"MNEMOSYNE_BACKEND", "none"},
+        Invalid{"MNEMOSYNE_BACKEND", "unifiedunifiedunified"}, Invalid{"MNEMOSYNE_DEVICE", "-1"},
+        Invalid{"MNEMOSYNE_DEVICE", "x"}, Invalid{"MNEMOSYNE_DEVICE", "1024"},
+        Invalid{"MNEMOSYNE_DEVICE", ""}, Invalid{"MNEMOSYNE_DEVICE", "1 "},
+        Invalid{"MNEMOSYNE_DEVICE", "local_rank"},
+        Invalid{"MNEMOSYNE_DEVICE", "99999999999999999999"}, Invalid{"MNEMOSYNE_SIZE", "5:3"},
+        Invalid{"MNEMOSYNE_SIZE", "1M:"}, Invalid{"MNEMOSYNE_SIZE", ":"},
+        Invalid{"MNEMOSYNE_SIZE", "a:b"}, Invalid{"MNEMOSYNE_SIZE", ""},
+        Invalid{"MNEMOSYNE_ARENA_SIZE", "abc"}, Invalid{"MNEMOSYNE_ARENA_SIZE", "1M"},
+        Invalid{"MNEMOSYNE_ARENA_SIZE", "0"}, Invalid{"MNEMOSYNE_ARENA_SIZE", "1.5G"},
+        Invalid{"MNEMOSYNE_LIMIT", ""}, Invalid{"MNEMOSYNE_LIMIT", "abc"},
+        Invalid{"MNEMOSYNE_LIMIT", "12Q"}, Invalid{"MNEMOSYNE_LIMIT", "-5"},
+        Invalid{"MNEMOSYNE_LIMIT", "1.5G"}, Invalid{"MNEMOSYNE_LIMIT", "18446744073709551616"},
+        Invalid{"MNEMOSYNE_LIMIT", "99999999T"}, Invalid{"MNEMOSYNE_LIMIT", "4 K"},
+        Invalid{"MNEMOSYNE_LIMIT", "K"}, Invalid{"MNEMOSYNE_FALLBACK", "none"},
+        Invalid{"MNEMOSYNE_FALLBACK", ""}, Invalid{"MNEMOSYNE_VERBOSE", "maybe"},
+        Invalid{"MNEMOSYNE_SHOW_STATS", "2"}, Invalid{"MNEMOSYNE_DISABLE", "enabled"},
+        Invalid{"MNEMOSYNE_FORK_KEEP_MS", ""}, Invalid{"MNEMOSYNE_FORK_KEEP_MS", "-1"},
+        Invalid{"MNEMOSYNE_FORK_KEEP_MS", "1.5"}, Invalid{"MNEMOSYNE_FORK_KEEP_MS", "2147483648"},
+        Invalid{"mnemosyne_limit", "12Q"}, Invalid{"MNEMOSYNE_Backend", "CUDA"}));
 
 TEST(ConfigRead, LongValuesAreClippedInWarnings) {
   const std::string value(5000, '7');
@@ -788,9 +812,8 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   ASSERT_EQ(g_lines.size(), 4u);
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
-            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, PIN, VERBOSE, SHOW_STATS, "
-            "STATS_FILE, "
-            "CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
+            "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, PIN, FORK_KEEP_MS, "
+            "VERBOSE, SHOW_STATS, STATS_FILE, CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];
   EXPECT_TRUE(contains(g_lines[3], "unknown option MNEMOSYNE_TEST=1")) << g_lines[3];
