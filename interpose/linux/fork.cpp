@@ -283,13 +283,14 @@ void on_child_after_fork() noexcept {
 }
 
 // The child of a _Fork made while another thread's fork held the lock: the
-// fork lock and the window are that fork's, and nobody here holds them. If
-// that fork's copy was made, this child takes it (as a nested fork's child
-// does); if not, a child of a CUDA backend lacks its parent's blocks.
+// fork lock and the window are that fork's, and nobody here holds them. The
+// child does not take that fork's copy (it may have been copied half-way
+// through that fork's writes, see child_after_fork): a child of a CUDA
+// backend lacks its parent's blocks.
 void on_child_of_overlapping_fork() noexcept {
   g_lock.store(false, std::memory_order_relaxed);
   g_fork_lock.reset_in_child();
-  const bool ok = arena::child_after_fork();
+  const bool ok = arena::child_after_fork(/*own_fork=*/false);
   close_window();  // if the other fork had opened it
   const Mode mode = current_mode();
   if (mode == Mode::held || mode == Mode::diverted) g_window_for_others.end();

@@ -171,9 +171,12 @@ void end_early() noexcept;
 // The atfork handlers (prepare runs last among prepare handlers when
 // registered first). child_after_fork returns false when the child's heap
 // could not be restored: the caller must then stop using the arena.
+// own_fork is false in the child of a fork made while another thread's fork
+// was under way (a _Fork from a signal handler): that child never takes the
+// other fork's copy.
 void prepare_fork() noexcept;
 void parent_after_fork() noexcept;
-bool child_after_fork() noexcept;
+bool child_after_fork(bool own_fork = true) noexcept;
 // Closes the image kept for the children of forks that follow each other
 // once no fork has come for the reuse window (fork_copy.cpp); the children
 // that map it keep it. From mimalloc's heartbeat (the allocation slow path):

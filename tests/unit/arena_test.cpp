@@ -1608,6 +1608,33 @@ TEST(Arena, AnIdleForkImageIsReleased) {
   });
 }
 
+// The child of a fork made while another thread's fork was under way (a
+// _Fork from a signal handler) does not take that fork's copy, even a
+// finished one: the child gets no parent block, and may still leave with
+// exit(), whose mimalloc handler (mi_collect at exit) must not walk a heap
+// whose segments the child lacks.
+TEST(Arena, AChildOfAForkUnderWayElsewhereTakesNoCopyAndExitsCleanly) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    std::vector<void*> blocks;
+    for (std::size_t n : {std::size_t{64}, std::size_t{4096}, 2 * kMiB}) {
+      void* p = arena::alloc(n);
+      ASSERT_NE(p, nullptr);
+      std::memset(p, 7, n);
+      blocks.push_back(p);
+    }
+    arena::prepare_fork();  // the other thread's fork, its copy made
+    const pid_t pid = fork();
+    if (pid == 0) {
+      if (arena::child_after_fork(/*own_fork=*/false)) _exit(10);  // took the copy
+      std::exit(0);  // atexit handlers, mimalloc's among them
+    }
+    arena::parent_after_fork();
+    expect_child_passed(pid);
+    for (void* p : blocks) arena::free(p, owner_tag(p));
+  });
+}
+
 // MNEMOSYNE_FORK_KEEP_MS (Config::fork_keep_ns): 0 keeps no image, so the
 // next fork copies the whole heap again; a keep shorter than the pause
 // between two forks makes the second copy it all too; one longer than the

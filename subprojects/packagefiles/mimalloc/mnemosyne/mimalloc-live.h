@@ -52,8 +52,12 @@ size_t mnemosyne_mi_arena_in_use(const void* arena_start);
  * block the program can reach stays valid. Frees other threads pushed onto
  * a page's own list are consistent already: the copy reads each segment's
  * page table before its blocks, and a free writes the block before the page.
- * Async-signal-safe: it only writes memory. */
-void mnemosyne_mi_fork_child(void);
+ * heap_whole is 0 in a child that lacks some of the heap's segments (their
+ * copy could not be made): the forking thread's heap is then forgotten, not
+ * walked, and the embedder must not call mimalloc again in that child.
+ * Async-signal-safe: it only writes memory (pthread_setspecific of a key
+ * mimalloc made at start only writes the thread's own slot). */
+void mnemosyne_mi_fork_child(int heap_whole);
 
 /* Starts mimalloc (mimalloc-embedder-load.patch: no constructor does):
  * reads its options, seeds the main heap, registers its exit and thread-exit

@@ -306,9 +306,14 @@ size_t mnemosyne_mi_arena_in_use(const void* arena_start) {
   return walk.in_use;
 }
 
-void mnemosyne_mi_fork_child(void) {
+void mnemosyne_mi_fork_child(int heap_whole) {
   mi_heap_t* heap = mi_get_default_heap();
-  if (mi_heap_is_initialized(heap)) {
+  if (mi_heap_is_initialized(heap) && !heap_whole) {
+    /* Pages of this heap may lie where the child has nothing: none may be
+     * walked (mi_collect at exit would), so the thread starts over with the
+     * empty heap, as a thread that never allocated. */
+    _mi_heap_set_default_direct((mi_heap_t*)&_mi_heap_empty);
+  } else if (mi_heap_is_initialized(heap)) {
     mi_atomic_store_ptr_relaxed(mi_block_t, &heap->thread_delayed_free, NULL);
     for (size_t bin = 0; bin <= MI_BIN_FULL; bin++) {
       for (mi_page_t* page = heap->pages[bin].first; page != NULL; page = page->next) {
