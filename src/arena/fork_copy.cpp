@@ -605,6 +605,9 @@ void copy_run(Pass& pass, std::size_t first, std::size_t count, bool resident) n
 
 // One run of live ranges of the segment the pass copies.
 void copy_live(Pass& pass, void* start, std::size_t size) noexcept {
+  // An abandoned delta is made again whole (prepare_fork): neither its
+  // residency nor a driver copy is of use any more.
+  if (g_fork.delta && delta_abandoned()) return;
   const std::size_t page = Os::page_size();
   auto* base = static_cast<unsigned char*>(pass.shadow->target);
   const std::size_t first =
@@ -791,7 +794,6 @@ bool adopt_early(std::uint64_t serial, Shadow& out) noexcept {
   return false;
 }
 
-// True when some segment would need a copy in a child.
 // The bytes of the segments a child would need a copy of.
 std::size_t bytes_needing_copy() noexcept {
   std::size_t bytes = 0;
@@ -802,6 +804,7 @@ std::size_t bytes_needing_copy() noexcept {
   return bytes;
 }
 
+// True when some segment would need a copy in a child.
 bool any_segment_needs_copy() noexcept {
   return bytes_needing_copy() != 0;
 }
