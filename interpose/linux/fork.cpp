@@ -20,6 +20,55 @@
 // is wrapped too: the wrapper runs mnemosyne's handlers around it. Forks are
 // serialized and made with the forking thread's asynchronous signals
 // blocked (fork_lock.hpp).
+//
+// Where the copy sits in glibc's fork() (posix/fork.c, 2.34 to 2.41):
+//   1. the atfork prepare handlers, the last registered first: ours, being
+//      registered first, runs last;
+//   2. in a multi-threaded process, a copy of the NSS configuration made
+//      under its lock (__nss_database_fork_prepare_parent), then the stdio
+//      list's lock (_IO_list_lock), then glibc malloc's own locks;
+//   3. the clone (_Fork); in the child, the stdio locks reset
+//      (fresetlockfiles walks every FILE, _IO_list_resetlock), the NSS
+//      configuration written back, the loader's lock reset, then the child
+//      handlers; in the parent, malloc's locks and the list lock released,
+//      then the parent handlers, the first registered first: ours, first.
+// The heap's copy is made in our prepare handler, so after the program's
+// own handlers (whatever they lock is the same in the copy and in the
+// child), and with the stdio list's lock taken first: the lock is glibc's
+// exported recursive one, which its fork() takes again at 2 (a count on the
+// same owner) and releases in the parent just before our parent handler
+// releases ours; the child's reset at 3 ends both holds. The FILEs live in
+// the heap, so the child gets them from the copy, and the list's head
+// (_IO_list_all) and its lock from libc's data at the clone: with the lock
+// held from before the copy until the clone, no thread links or unlinks a
+// FILE in between, and the two halves of the list are of one moment. Before
+// (issue 45) the copy came before glibc took the list lock: another
+// thread's fopen or fclose between the two gave children a torn list, on
+// which fresetlockfiles spun forever; and a thread holding a FILE's lock
+// while its malloc waited for the segment table (taken for the copy, held
+// until the clone) deadlocked the fork against a third thread in
+// fflush(NULL), which held the list lock and waited for that FILE. Taking
+// the list lock first is glibc's order (it takes a FILE's lock only after
+// the list's, or alone), so nothing that holds it waits for the heap.
+//
+// Other libc data that lives partly in the heap, as a child sees it: the
+// NSS configuration is copied by glibc under its own lock at 2, after the
+// heap's copy, and written back into the heap in the child, so the child
+// has the newer of the two; NSS modules and interned action lists, the
+// locale archive and loaded locales are added to lists once and never
+// freed while the process runs, and a node allocated between the copy and
+// the clone comes from the system allocator (Mode::diverted, hold.hpp),
+// which the child inherits at the clone, consistent with the list head. The
+// loader's link_maps live in the heap too, and glibc's fork takes no loader
+// lock (it only resets it in the child, so a glibc child of a fork during
+// dlopen sees the loader's data mid-update as well): a dlopen or dlclose
+// that links or unlinks a map between the end of the copy and the clone
+// (microseconds, against the copy's milliseconds) can leave the child's
+// list with the map's neighbour as it was before. Not seen in the stress
+// runs (tests/e2e/fork_stdio_probe.cpp, a thread in dlopen/dlclose beside
+// the forks); written in docs/fork.md. glibc's _Fork() takes no stdio lock,
+// and neither does its wrapper here: it is the async-signal-safe fork,
+// whose child may not use stdio.
 #include "fork.hpp"
 
 #include <dlfcn.h>
@@ -37,6 +86,14 @@
 #include "hold.hpp"
 #include "mode.hpp"
 #include "platform/signal_chain.hpp"
+
+// glibc's stdio list lock: exported (GLIBC_2.2.5) though no header declares
+// it any more; see the top of this file.
+extern "C" {
+void _IO_list_lock() noexcept;
+void _IO_list_unlock() noexcept;
+void _IO_list_resetlock() noexcept;
+}
 
 namespace mnemosyne {
 namespace {
@@ -224,12 +281,15 @@ constexpr int kMaxRoles = 8;
 constinit Role g_roles[kMaxRoles] = {};
 constinit int g_copier_depth = 0;  // the depth of the fork whose copy is made; 0: none
 constinit AllocationWindow g_window_for_others;  // the copier's (hold.hpp)
+constinit bool g_stdio_list_held = false;        // the copier holds glibc's stdio list lock
 
 Role& role_at(int depth) noexcept {
   return g_roles[(depth < kMaxRoles ? depth : kMaxRoles) - 1];
 }
 
-void on_prepare_fork() noexcept {
+// `stdio`: whether the fork is glibc's fork(), which takes the stdio list's
+// lock after this handler; not its _Fork() (see the top of this file).
+void prepare_fork(bool stdio) noexcept {
   const int depth = g_fork_lock.acquire();
   Role& role = role_at(depth);
   if (!arena_mode()) {
@@ -238,6 +298,8 @@ void on_prepare_fork() noexcept {
     role = Role::reuse;
   } else {
     role = Role::copier;
+    if (stdio) _IO_list_lock();  // before the copy, held until the clone
+    g_stdio_list_held = stdio;
     g_window_for_others.hold();
     arena::prepare_fork();
     g_window_for_others.divert();
@@ -247,9 +309,16 @@ void on_prepare_fork() noexcept {
   }
 }
 
+void on_prepare_fork() noexcept {
+  prepare_fork(/*stdio=*/true);
+}
+
 void on_parent_after_fork() noexcept {
   const int depth = g_fork_lock.depth();
   if (role_at(depth) == Role::copier) {
+    // glibc has released its own hold of the list lock already.
+    if (g_stdio_list_held) _IO_list_unlock();
+    g_stdio_list_held = false;
     close_window();
     g_fork_stack.leave();
     arena::parent_after_fork();
@@ -266,6 +335,10 @@ void on_child_after_fork() noexcept {
   if (role != Role::none) {
     const bool ok = arena::child_after_fork();
     if (role == Role::copier) {
+      // glibc's fork() resets the list lock only when the parent had
+      // threads; the parent's holds are none of this child's either way.
+      if (g_stdio_list_held) _IO_list_resetlock();
+      g_stdio_list_held = false;
       close_window();
       g_fork_stack.leave();
       g_window_for_others.end();
@@ -348,12 +421,20 @@ pid_t wrapped_fork(ForkFn real) noexcept {
   // called there), nor nested in a fork of this thread (its copy is in use):
   // then the prepare handler reads everything with the CPU.
   const bool early = depth == 1 && !in_driver_call();
+  // From here until the fork is over, other threads' allocations do not ask
+  // the driver (arena.hpp): the driver's prepare handler may hold its locks
+  // while glibc waits for the stdio list's lock (see the top of this file).
+  // Not for _Fork(), which runs no atfork handler, nor on a thread the
+  // driver owns or inside a driver call, where the wait could be for itself.
+  const bool gate = early && !kRunHandlers;
+  if (gate) arena::close_fork_gate();
   if (early && !arena::copy_early()) {
+    if (gate) arena::open_fork_gate();
     g_fork_lock.release();
     errno = ENOMEM;  // no memory for the child's copy of the heap
     return -1;
   }
-  if (kRunHandlers) on_prepare_fork();
+  if (kRunHandlers) prepare_fork(/*stdio=*/false);
   const pid_t pid = real();
   const int fork_errno = errno;
   if (pid == 0) {
@@ -363,6 +444,7 @@ pid_t wrapped_fork(ForkFn real) noexcept {
     return 0;
   }
   if (kRunHandlers) on_parent_after_fork();
+  if (gate) arena::open_fork_gate();
   if (early) arena::end_early();
   g_fork_lock.release();
   errno = pid > 0 ? saved_errno : fork_errno;

@@ -69,6 +69,44 @@ void* host_alloc(std::size_t size, std::size_t alignment, bool zero,
   return p;
 }
 
+// The allocation slow path's share in a fork's driver gate. glibc's fork()
+// runs the driver's atfork prepare handler, which may hold the driver's
+// locks until the fork is over, and then waits for the stdio list's lock
+// (fork.cpp): a thread holding that lock may wait for a FILE's lock, whose
+// holder may be in malloc, growing the heap through the driver. Once a
+// fork() has closed the gate, the slow path serves from the host heap
+// instead (as an allocation inside a driver call is), and the fork waits,
+// before any atfork handler runs, for the threads already past the check:
+// those need nothing the forking thread holds (it holds only the fork lock
+// then), so they finish. A thread in the slow path counts itself (here and
+// in State::slow_paths) before it reads the gate, and the fork closes the
+// gate before it reads the count: one of the two sees the other.
+// Initial-exec TLS on Linux: a preloaded library has it, and it never
+// allocates.
+#if defined(_WIN32)
+constinit thread_local int t_slow_paths = 0;
+#else
+__attribute__((tls_model("initial-exec"))) constinit thread_local int t_slow_paths = 0;
+#endif
+
+class SlowPath {
+ public:
+  SlowPath() noexcept {
+    ++t_slow_paths;
+    g_state.slow_paths.fetch_add(1, std::memory_order_seq_cst);
+  }
+  ~SlowPath() {
+    g_state.slow_paths.fetch_sub(1, std::memory_order_seq_cst);
+    --t_slow_paths;
+  }
+  SlowPath(const SlowPath&) = delete;
+  SlowPath& operator=(const SlowPath&) = delete;
+};
+
+bool fork_gate_closed() noexcept {
+  return g_state.fork_gate.load(std::memory_order_seq_cst);
+}
+
 void* mi_retry(std::size_t size, std::size_t alignment, bool zero) noexcept {
   if (alignment != 0) {
     return zero ? mi_zalloc_aligned_at(size, alignment, 0)
@@ -282,6 +320,9 @@ bool lock_grow() noexcept {
       g_state.grower.store(Os::thread_id(), std::memory_order_relaxed);
       return true;
     }
+    // A fork waits for this thread to leave the slow path; the grower may be
+    // the forking thread itself (its signal handler forks).
+    if (fork_gate_closed()) return false;
     const std::uint64_t now = Os::monotonic_ns();
     const long holder = g_state.grower.load(std::memory_order_relaxed);
     const std::uint64_t done = (holder >= 0 ? Os::thread_cpu_ns(holder) : 0) +
@@ -589,6 +630,9 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   if (Os::process_id() != g_state.pid.load(std::memory_order_relaxed)) {
     return host_alloc(size, alignment, zero, g_state.driver_allocations);
   }
+  // A fork is under way: no driver call until it is over (SlowPath).
+  const SlowPath in_slow_path;
+  if (fork_gate_closed()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
 
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;
@@ -639,6 +683,10 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
       why = "another thread's arena growth did not finish in time";
     }
   }
+  // The growth gave way to a fork (lock_grow): not the backend's refusal.
+  if (p == nullptr && fork_gate_closed()) {
+    p = host_alloc(size, alignment, zero, g_state.driver_allocations);
+  }
   if (p == nullptr) p = fallback(size, alignment, zero, why);
 #if !defined(_WIN32)
   // The heap grew: past 256 MiB, a fork's copy gets threads of its own.
@@ -646,6 +694,25 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
 #endif
   if (p != nullptr) errno = saved_errno;
   return p;
+}
+
+void close_fork_gate() noexcept {
+  g_state.fork_gate.store(true, std::memory_order_seq_cst);
+  // Less this thread's own: a signal handler that forks may have
+  // interrupted it in the slow path.
+  for (std::size_t spins = 0; g_state.slow_paths.load(std::memory_order_seq_cst) > t_slow_paths;
+       ++spins) {
+    Os::pause(spins);
+  }
+}
+
+void open_fork_gate() noexcept {
+  g_state.fork_gate.store(false, std::memory_order_seq_cst);
+}
+
+void open_fork_gate_in_child() noexcept {
+  g_state.slow_paths.store(t_slow_paths, std::memory_order_relaxed);  // the only thread here
+  g_state.fork_gate.store(false, std::memory_order_relaxed);
 }
 
 std::size_t dedicated_threshold() noexcept {

@@ -177,6 +177,15 @@ void end_early() noexcept;
 void prepare_fork() noexcept;
 void parent_after_fork() noexcept;
 bool child_after_fork(bool own_fork = true) noexcept;
+// The driver gate of a fork (arena.cpp). close_fork_gate: from a fork()
+// wrapper, before glibc's fork() runs the atfork handlers (the driver's may
+// hold the driver's locks until the fork is over); from then on the
+// allocation slow path serves from the host heap instead of asking the
+// driver, and the call returns once no other thread is inside the slow
+// path. open_fork_gate: once the fork is over, in the parent (the child
+// opens it in child_after_fork).
+void close_fork_gate() noexcept;
+void open_fork_gate() noexcept;
 // Closes the image kept for the children of forks that follow each other
 // once no fork has come for the reuse window (fork_copy.cpp); the children
 // that map it keep it. From mimalloc's heartbeat (the allocation slow path):

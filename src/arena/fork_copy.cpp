@@ -1216,6 +1216,7 @@ bool restore_child_heap(const void* addr) noexcept {
 
 bool child_after_fork(bool own_fork) noexcept {
   g_state.pid.store(Os::process_id(), std::memory_order_relaxed);
+  open_fork_gate_in_child();
   forget_fork_helpers();
   g_state.fork_readers.store(0, std::memory_order_relaxed);  // the parent's walks
   // The child of a _Fork from a signal handler while another thread's fork

@@ -44,6 +44,10 @@ struct State {
   // table lock): a retired arena's memory goes back, and a free block's is
   // discarded, only when none is (retire.cpp).
   std::atomic<int> fork_readers{0};
+  // A fork() is under way: the slow path does not ask the driver
+  // (close_fork_gate), and how many threads are in it past that check.
+  std::atomic<bool> fork_gate{false};
+  std::atomic<int> slow_paths{0};
   std::size_t next_arena_size = 0;    // under grow_lock
   std::size_t total_arena_bytes = 0;  // under grow_lock
   SegmentTable table;
@@ -70,5 +74,9 @@ struct State {
 };
 
 extern constinit State g_state;
+
+// In a forked child (child_after_fork): the fork's driver gate open again,
+// and the slow paths in flight only this thread's (arena.cpp).
+void open_fork_gate_in_child() noexcept;
 
 }  // namespace mnemosyne::arena

@@ -11,9 +11,11 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 # Absolute: programs run in folders of their own, where a relative
 # LD_PRELOAD names nothing (ld.so ignores it, and they run without us).
@@ -58,6 +60,7 @@ ERRNO_PROBE = os.environ["ERRNO_PROBE"]
 PROMISE_PROBE = os.environ["PROMISE_PROBE"]
 FAULT_PROBE = os.environ["FAULT_PROBE"]
 STRESS_PROBE = os.environ["STRESS_PROBE"]
+FORK_STDIO_PROBE = os.environ.get("FORK_STDIO_PROBE", "")
 TOOLKIT_STUB = os.environ.get("CUDA_TOOLKIT_STUB", "")
 DLOPEN_PROBE = os.environ["DLOPEN_PROBE"]
 CTOR_LIB = os.environ["CTOR_LIB"]
@@ -818,6 +821,127 @@ def case_fork_signal_threads(tmp, backend):
     """_Fork() from a handler while sender threads signal the main thread,
     and a second thread forking at the same time (tst-mallocfork3's shape)."""
     fork_race_case(tmp, backend, "signal-threads")
+
+
+def session_processes(sid):
+    """The pids of the processes still in session `sid`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        if int(fields[3]) == sid:  # after the name: state, ppid, pgrp, session
+            pids.append(int(entry))
+    return pids
+
+
+def stacks_of(pids):
+    """Every thread's stack of each process (gdb), as text."""
+    if shutil.which("gdb") is None:
+        return "(gdb is not installed: no stacks)"
+    out = []
+    for pid in pids[:8]:
+        try:
+            r = subprocess.run(["gdb", "-nx", "-batch", "-p", str(pid), "-ex",
+                                "thread apply all bt 30"], capture_output=True, timeout=60)
+            lines = [l for l in r.stdout.decode(errors="replace").splitlines()
+                     if l.startswith(("#", "Thread "))]
+            out.append(f"--- process {pid}:\n" + "\n".join(lines))
+        except subprocess.TimeoutExpired:
+            out.append(f"--- process {pid}: gdb timed out")
+    if len(pids) > 8:
+        out.append(f"({len(pids) - 8} more processes not shown)")
+    return "\n".join(out)
+
+
+def run_in_session(cmd, env, limit):
+    """Runs `cmd` in a session of its own. Returns (returncode, stdout,
+    stderr, seconds); a run past `limit` seconds fails with every
+    process's stack, and so does one that leaves a process behind (every
+    child must have ended when the program does). Whatever is left is
+    killed."""
+    start = time.monotonic()
+    p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        stacks = stacks_of([p.pid] + [q for q in session_processes(p.pid) if q != p.pid])
+        for q in session_processes(p.pid):
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        p.communicate()
+        raise Failure(f"{' '.join(cmd)} hung (more than {limit} s):\n{stacks}")
+    seconds = time.monotonic() - start
+    left = session_processes(p.pid)
+    for _ in range(20):  # a child killed with its parent may take a moment to go
+        if not left:
+            break
+        time.sleep(0.05)
+        left = session_processes(p.pid)
+    if left:
+        stacks = stacks_of(left)
+        for q in left:
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        raise Failure(f"{len(left)} processes outlived {' '.join(cmd)}:\n{stacks}")
+    return p.returncode, out, err, seconds
+
+
+def fork_stdio_case(tmp, backend, mode):
+    """Runs fork_stdio_probe MODE (E2E_FORK_STDIO_SECONDS each, 1 by
+    default) once without the interposer and E2E_FORK_STDIO_RUNS times (20)
+    with it, the double's internal thread on: no run may hang, fail, or
+    leave a process behind."""
+    seconds = os.environ.get("E2E_FORK_STDIO_SECONDS", "1")
+    runs = int(os.environ.get("E2E_FORK_STDIO_RUNS", "20"))
+    limit = 30 + 10 * float(seconds)
+    work = os.path.join(tmp, "files")
+    os.makedirs(work)
+    cmd = [FORK_STDIO_PROBE, mode, seconds, work] + ([CTOR_LIB] if mode == "stdio" else [])
+    rc, out, err, plain = run_in_session(cmd, Run(tmp, backend, False).env, limit)
+    expect(rc == 0, f"without the interposer: exit {rc}: {out!r} {err!r}")
+    slowest = 0.0
+    forks = 0
+    for i in range(runs):
+        run = Run(tmp, backend, True)
+        rc, out, err, took = run_in_session(cmd, run.env, limit)
+        expect(rc == 0, f"run {i + 1} of {runs}: exit {rc}: {out.decode()!r} {err.decode()!r}")
+        m = re.search(rb"(\d+) forks, 0 bad children, 0 bad rounds", out)
+        expect(m is not None, f"run {i + 1}: {out!r}")
+        forks += int(m.group(1))
+        slowest = max(slowest, took)
+        if i == 0:
+            events = parse_log(run.log)
+            check_heap(events, backend, 0)
+            check_children_quiet(events)
+        if os.path.exists(run.log):
+            os.unlink(run.log)
+    print(f"fork_stdio_probe {mode} [{backend}]: {runs} runs of {seconds} s, {forks} forks; "
+          f"slowest run {slowest:.2f} s, glibc's {plain:.2f} s")
+
+
+def case_fork_stdio(tmp, backend):
+    """Threads fork (children that _exit at once, children that use stdio)
+    beside threads writing and reading back files with fflush(NULL), and
+    threads in dlopen/dlclose, getpwnam, syslog and newlocale (issue 45:
+    children spun in glibc's fork on a torn stdio list)."""
+    fork_stdio_case(tmp, backend, "stdio")
+
+
+def case_fork_deadlock(tmp, backend):
+    """glibc's tst-malloc-fork-deadlock shape: 4 threads fork while 8 read
+    files with getline and rewind and one calls fflush(NULL) (issue 45: the
+    parent deadlocked)."""
+    fork_stdio_case(tmp, backend, "deadlock")
 
 
 def case_errno(tmp, backend):
