@@ -9,8 +9,9 @@
 //    before it was filled. Waiting is safe here: the copy needs no lock a
 //    waiting thread may hold.
 //  - diverted, from the end of the copy until the fork is over: glibc's
-//    fork() now takes its own locks (the NSS database's, the stdio list's),
-//    which a waiting thread may hold, so nothing waits any more. Their
+//    fork() now takes its own locks (the NSS configuration's, its malloc's;
+//    the stdio list's is held from before the copy, fork.cpp), which a
+//    waiting thread may hold, so nothing waits any more. Their
 //    allocations come from the system allocator instead (Mode::diverted),
 //    whose memory the child inherits as of the fork itself: a FILE another
 //    thread opens then, which glibc's fork walks in the child, or a block

@@ -107,6 +107,22 @@ bool fork_gate_closed() noexcept {
   return g_state.fork_gate.load(std::memory_order_seq_cst);
 }
 
+// Dedicated segments of a CUDA backend freed while the gate was closed: the
+// free returns at once, and the forking thread gives them back once the
+// fork is over (open_fork_gate). Fixed room, no allocation: past it a
+// segment is given back at once, as before the gate.
+constexpr std::size_t kDeferredMax = 64;
+constinit Segment g_deferred[kDeferredMax] = {};
+constinit std::size_t g_deferred_count = 0;  // under g_deferred_lock
+constinit SpinLock g_deferred_lock;
+
+bool defer_release(const Segment& seg) noexcept {
+  SpinGuard guard(g_deferred_lock);
+  if (g_deferred_count == kDeferredMax) return false;
+  g_deferred[g_deferred_count++] = seg;
+  return true;
+}
+
 void* mi_retry(std::size_t size, std::size_t alignment, bool zero) noexcept {
   if (alignment != 0) {
     return zero ? mi_zalloc_aligned_at(size, alignment, 0)
@@ -708,11 +724,25 @@ void close_fork_gate() noexcept {
 
 void open_fork_gate() noexcept {
   g_state.fork_gate.store(false, std::memory_order_seq_cst);
+  // What was freed meanwhile, and anything a free deferred just before this.
+  for (;;) {
+    Segment seg;
+    {
+      SpinGuard guard(g_deferred_lock);
+      if (g_deferred_count == 0) break;
+      seg = g_deferred[--g_deferred_count];
+    }
+    release_segment(seg);
+  }
 }
 
 void open_fork_gate_in_child() noexcept {
   g_state.slow_paths.store(t_slow_paths, std::memory_order_relaxed);  // the only thread here
   g_state.fork_gate.store(false, std::memory_order_relaxed);
+  // The parent's segments: none of them is mapped here (or each is a copy
+  // the child keeps, like every segment it inherited).
+  g_deferred_count = 0;
+  g_deferred_lock.reset();
 }
 
 std::size_t dedicated_threshold() noexcept {
@@ -727,6 +757,15 @@ void free_dedicated(void* ptr) noexcept {
   if (is_cuda_backend(seg.backend)) g_state.backend_bytes.fetch_sub(seg.raw_size);
   g_state.reserved[static_cast<int>(seg.backend)].fetch_sub(seg.raw_size,
                                                             std::memory_order_relaxed);
+  // Giving driver memory back is a driver call: not while a fork is under
+  // way (see SlowPath).
+  const SlowPath in_slow_path;
+  if (is_cuda_backend(seg.backend) && fork_gate_closed() && defer_release(seg)) {
+    // No longer a block of ours (a second free of it is ignored), though
+    // its memory stays the driver's until the fork is over.
+    owner_map_set(seg.start, seg.capacity != 0 ? seg.capacity : seg.size, 0);
+    return;
+  }
   release_segment(seg);
 }
 
@@ -742,7 +781,10 @@ std::size_t dedicated_size(const void* ptr) noexcept {
 void move_contents(void* dst, void* src, std::uint8_t src_tag, std::size_t size) noexcept {
   constexpr std::size_t kPart = std::size_t{64} << 20;
   const BackendId backend = owner_backend(src_tag);
-  bool discard = (src_tag & kOwnerDedicated) != 0 && backend_backs_where_touched(backend);
+  // Discarding is a driver call: not while a fork is under way (SlowPath).
+  const SlowPath in_slow_path;
+  bool discard = (src_tag & kOwnerDedicated) != 0 && backend_backs_where_touched(backend) &&
+                 !fork_gate_closed();
   auto* to = static_cast<unsigned char*>(dst);
   auto* from = static_cast<unsigned char*>(src);
   for (std::size_t off = 0; off < size; off += kPart) {
@@ -754,11 +796,21 @@ void move_contents(void* dst, void* src, std::uint8_t src_tag, std::size_t size)
 
 void* realloc_slow(void* ptr, std::uint8_t tag, std::size_t size) noexcept {
   const std::size_t old_size = usable_size(ptr, tag);
-  if ((tag & kOwnerDedicated) != 0) {
-    if (realloc_in_place(ptr, size)) return ptr;
-    if (size <= old_size && size > old_size / 2) return ptr;
+  // Growing or shrinking in place, and a growable block, are driver calls:
+  // not while a fork is under way (see SlowPath). The block moves instead
+  // (alloc serves it from the host heap then).
+  bool driver = true;
+  {
+    const SlowPath in_slow_path;
+    driver = !fork_gate_closed();
+    if (driver && (tag & kOwnerDedicated) != 0 && realloc_in_place(ptr, size)) return ptr;
   }
-  void* p = size > old_size && size >= kGrowableMin ? alloc_growable(size) : nullptr;
+  if ((tag & kOwnerDedicated) != 0 && size <= old_size && size > old_size / 2) return ptr;
+  void* p = nullptr;
+  if (driver && size > old_size && size >= kGrowableMin) {
+    const SlowPath in_slow_path;
+    if (!fork_gate_closed()) p = alloc_growable(size);
+  }
   if (p == nullptr) p = alloc(size);
   if (p == nullptr) return nullptr;
   move_contents(p, ptr, tag, std::min(old_size, size));

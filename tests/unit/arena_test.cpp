@@ -36,6 +36,7 @@
 #include "arena/arena.hpp"
 #include "arena/ownership_map.hpp"
 #include "arena/segment_provider.hpp"
+#include "arena/state.hpp"
 #include "backend/backends.hpp"
 #include "backend/counters.hpp"
 #include "backend/driver_call.hpp"
@@ -1636,6 +1637,64 @@ TEST(Arena, AChildOfAForkUnderWayElsewhereTakesNoCopyAndExitsCleanly) {
     arena::parent_after_fork();
     expect_child_passed(pid);
     for (void* p : blocks) arena::free(p, owner_tag(p));
+  });
+}
+
+// While a fork() is under way (close_fork_gate .. open_fork_gate) nothing
+// another thread does to the heap calls the driver, whose fork handler may
+// hold its locks: a block that needs new memory comes from the host heap, a
+// realloc moves instead of growing in place, and a dedicated block freed
+// then goes back once the fork is over. close_fork_gate waits for a thread
+// already in the slow path (here one inside a growth that the driver makes
+// slow) to leave it.
+TEST(Arena, NothingCallsTheDriverWhileAForkIsUnderWay) {
+  IN_FRESH_PROCESS({
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    void* huge = arena::alloc(40 * kMiB);
+    ASSERT_NE(huge, nullptr);
+    ASSERT_NE(owner_tag(huge) & kOwnerDedicated, 0);
+    const auto before = fake->counters();
+    const long host_before = g_host_calls.load();
+    arena::close_fork_gate();
+    void* during = arena::alloc(64 * kMiB);
+    ASSERT_NE(during, nullptr);
+    EXPECT_EQ(owner_tag(during), 0) << "a dedicated block during a fork comes from the host heap";
+    EXPECT_EQ(fake->owns(during), 0);
+    EXPECT_EQ(g_host_calls.load() - host_before, 1);
+    std::memset(huge, 5, kMiB);
+    void* moved = arena::realloc(huge, owner_tag(huge), 100 * kMiB);  // past its room
+    ASSERT_NE(moved, nullptr);
+    EXPECT_EQ(static_cast<unsigned char*>(moved)[kMiB - 1], 5);
+    EXPECT_EQ(fake->owns(moved), 0) << "moved to the host heap, not grown through the driver";
+    EXPECT_EQ(fake->counters().total_calls, before.total_calls) << "no driver call during the fork";
+    EXPECT_EQ(owner_tag(huge), 0) << "the old block is freed at once";
+    arena::open_fork_gate();
+    EXPECT_EQ(fake->counters().free_managed - before.free_managed, 1u)
+        << "the block freed during the fork went back once it was over";
+    release(during);
+    release(moved);
+  });
+  IN_FRESH_PROCESS({
+    // Each driver allocation sleeps 300 ms, holding the driver's lock.
+    test::set_env("FAKECUDA_ALLOC_STALL_MS", "300");
+    ASSERT_TRUE(start_arena(config(BackendId::unified)));
+    const test::Fake* fake = test::loaded_fake();
+    ASSERT_NE(fake, nullptr);
+    void* block = nullptr;
+    std::thread grower([&] { block = arena::alloc(200 * kMiB); });  // a dedicated block
+    // In the slow path, and then a while in the driver's stall.
+    while (arena::g_state.slow_paths.load() == 0) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    arena::close_fork_gate();  // returns once the grower has left the slow path
+    const std::uint64_t allocated = fake->counters().alloc_managed;
+    grower.join();
+    EXPECT_EQ(fake->counters().alloc_managed, allocated)
+        << "the fork went on while another thread was still asking the driver for memory";
+    arena::open_fork_gate();
+    ASSERT_NE(block, nullptr);
+    release(block);
   });
 }
 
