@@ -21,7 +21,8 @@
 // serialized and made with the forking thread's asynchronous signals
 // blocked (fork_lock.hpp).
 //
-// Where the copy sits in glibc's fork() (posix/fork.c, 2.34 to 2.41):
+// Where the copy sits in glibc's fork() (posix/fork.c since 2.34, Debian
+// 12's 2.36 among them; sysdeps/nptl/fork.c before, in the same order):
 //   1. the atfork prepare handlers, the last registered first: ours, being
 //      registered first, runs last;
 //   2. in a multi-threaded process, a copy of the NSS configuration made
@@ -47,9 +48,16 @@
 // which fresetlockfiles spun forever; and a thread holding a FILE's lock
 // while its malloc waited for the segment table (taken for the copy, held
 // until the clone) deadlocked the fork against a third thread in
-// fflush(NULL), which held the list lock and waited for that FILE. Taking
-// the list lock first is glibc's order (it takes a FILE's lock only after
-// the list's, or alone), so nothing that holds it waits for the heap.
+// fflush(NULL), which held the list lock and waited for that FILE. A holder
+// of the list lock may still wait for a FILE whose holder is in malloc, so
+// until our handler has the list lock, malloc must wait for nothing the
+// forking thread holds: not for the copy (it starts after), and not for the
+// driver, whose own prepare handler (registered after ours, so run before)
+// may hold the driver's locks until the fork is over. Hence the wrapper
+// closes the arena's driver gate before glibc's fork() runs any handler
+// (arena.hpp, close_fork_gate): other threads' growth of the heap then
+// comes from the host heap, and the fork first waits for the growths
+// already in the driver, which need nothing it holds yet.
 //
 // Other libc data that lives partly in the heap, as a child sees it: the
 // NSS configuration is copied by glibc under its own lock at 2, after the
