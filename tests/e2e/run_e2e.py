@@ -909,6 +909,7 @@ def fork_stdio_case(tmp, backend, mode):
     cmd = [FORK_STDIO_PROBE, mode, seconds, work] + ([CTOR_LIB] if mode == "stdio" else [])
     rc, out, err, plain = run_in_session(cmd, Run(tmp, backend, False).env, limit)
     expect(rc == 0, f"without the interposer: exit {rc}: {out!r} {err!r}")
+    glibc_forks = re.search(rb"(\d+) forks", out).group(1).decode()
     slowest = 0.0
     forks = 0
     for i in range(runs):
@@ -925,8 +926,9 @@ def fork_stdio_case(tmp, backend, mode):
             check_children_quiet(events)
         if os.path.exists(run.log):
             os.unlink(run.log)
-    print(f"fork_stdio_probe {mode} [{backend}]: {runs} runs of {seconds} s, {forks} forks; "
-          f"slowest run {slowest:.2f} s, glibc's {plain:.2f} s")
+    pin = f", PIN={PIN}" if PIN else ""
+    print(f"fork_stdio_probe {mode} [{backend}{pin}]: {runs} runs of {seconds} s, {forks} forks "
+          f"(glibc: {glibc_forks} in one run); slowest run {slowest:.2f} s, glibc's {plain:.2f} s")
 
 
 def case_fork_stdio(tmp, backend):
