@@ -55,16 +55,29 @@ constexpr bool parse_decimal(const char* text, std::size_t len, std::uint64_t ma
   return true;
 }
 
-// The variables local_rank() reads, in order of precedence. No PMIX_
-// variable is read: in PMIx the local rank is a key (PMIX_LOCAL_RANK,
-// "pmix.lrank") queried through the PMIx client library, not a variable we
-// know any launcher to export, and the PMIX_RANK variable is the global rank.
-// Open MPI's mpirun (also over PMIx) exports OMPI_COMM_WORLD_LOCAL_RANK.
+// The variables local_rank() reads, in order of precedence: the launcher
+// nearest the process first. A launcher started by another hands the outer
+// one's variables on to the processes it starts, where they describe the
+// launcher, not its worker: torchrun started once a node by mpirun or srun
+// passes OMPI_COMM_WORLD_LOCAL_RANK=0 or SLURM_LOCALID=0 to every worker,
+// and Open MPI's ranks inside a Slurm job can inherit their daemon's
+// SLURM_LOCALID. So the frameworks' per-worker launchers come first, then
+// the MPI launchers (each sets its own variable only), then Slurm's srun,
+// the outermost. No PMIX_ variable is read: in PMIx the local rank is a key
+// (PMIX_LOCAL_RANK, "pmix.lrank") queried through the PMIx client library,
+// not a variable we know any launcher to export, and the PMIX_RANK variable
+// is the global rank. Open MPI's mpirun (also over PMIx) exports
+// OMPI_COMM_WORLD_LOCAL_RANK.
 inline constexpr const char* kLocalRankVariables[] = {
+    "LOCAL_RANK",                  // torchrun, and accelerate, DeepSpeed, Lightning over it
+    "HOROVOD_LOCAL_RANK",          // horovodrun
     "OMPI_COMM_WORLD_LOCAL_RANK",  // Open MPI
     "MV2_COMM_WORLD_LOCAL_RANK",   // MVAPICH2
     "MPI_LOCALRANKID",             // MPICH (Hydra), Intel MPI
     "PMI_LOCAL_RANK",              // PMI-1/PMI-2 launchers that set it
+    "PALS_LOCAL_RANKID",           // HPE Cray PALS (mpiexec on Cray EX)
+    "FLUX_TASK_LOCAL_ID",          // Flux
+    "JSM_NAMESPACE_LOCAL_RANK",    // IBM jsrun (LSF)
     "SLURM_LOCALID",               // srun
 };
 

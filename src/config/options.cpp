@@ -322,7 +322,7 @@ void Reader::apply(Row row, const Entry& e) noexcept {
         if (rank < 0) {
           char vars[256];
           join(vars, sizeof vars, detail::kLocalRankVariables, [](const char* v) { return v; });
-          say("mnemosyne: %.*s=%.*s%s but no MPI/Slurm local rank variable is set to a rank "
+          say("mnemosyne: %.*s=%.*s%s but no launcher's local rank variable is set to a rank "
               "(%s); using device 0 (the default)",
               e.name_len, e.name, e.value_len, e.value, e.clipped, vars);
           return;

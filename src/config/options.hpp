@@ -116,8 +116,8 @@ const OptionInfo* option_table(std::size_t* count) noexcept;
 //     using the default (0 = no limit)
 //   mnemosyne: MNEMOSYNE_ARENA_SIZE=1M is below the minimum of 32MiB; using the
 //     default (64MiB)
-//   mnemosyne: MNEMOSYNE_DEVICE=local-rank but no MPI/Slurm local rank variable
-//     is set to a rank (OMPI_COMM_WORLD_LOCAL_RANK, ...); using device 0 (the default)
+//   mnemosyne: MNEMOSYNE_DEVICE=local-rank but no launcher's local rank variable
+//     is set to a rank (LOCAL_RANK, ...); using device 0 (the default)
 //   mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are
 //     BACKEND, DEVICE, ...
 //   mnemosyne: MNEMOSYNE_STATS_FILE is ignored in a set-uid/set-gid program

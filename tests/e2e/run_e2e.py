@@ -1550,8 +1550,10 @@ def case_limit_fallback_fail(tmp, backend):
 
 
 def case_local_rank(tmp, backend):
-    for var in ("OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
-                "PMI_LOCAL_RANK", "SLURM_LOCALID"):
+    for var in ("LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+                "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK",
+                "PALS_LOCAL_RANKID", "FLUX_TASK_LOCAL_ID", "JSM_NAMESPACE_LOCAL_RANK",
+                "SLURM_LOCALID"):
         for rank, device in (("0", 0), ("3", 1), ("4", 0)):
             log = os.path.join(tmp, f"fake-{var}-{rank}.log")
             run = Run(tmp, "device", True, {"MNEMOSYNE_DEVICE": "local-rank", var: rank,

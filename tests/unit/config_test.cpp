@@ -877,8 +877,10 @@ TEST(ConfigSecure, FileAndLibraryOptionsAreIgnored) {
 // ---------------------------------------------------------------- local rank
 
 TEST(ConfigLocalRank, EachVariable) {
-  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK",
-                           "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "SLURM_LOCALID"}) {
+  for (const char* name :
+       {"LOCAL_RANK", "HOROVOD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMI_LOCAL_RANK", "PALS_LOCAL_RANKID",
+        "FLUX_TASK_LOCAL_ID", "JSM_NAMESPACE_LOCAL_RANK", "SLURM_LOCALID"}) {
     Env env({"HOME=/root", std::string(name) + "=5"});
     EXPECT_EQ(local_rank(env.envp()), 5) << name;
     const Options o = read({std::string(name) + "=6", "MNEMOSYNE_DEVICE=local-rank"});
@@ -900,6 +902,19 @@ TEST(ConfigLocalRank, Precedence) {
   EXPECT_EQ(local_rank(mpich.envp()), 3);
   Env pmi({"SLURM_LOCALID=5", "PMI_LOCAL_RANK=4"});
   EXPECT_EQ(local_rank(pmi.envp()), 4);
+  // The launcher nearest the process wins: torchrun's workers, started by a
+  // torchrun that mpirun or srun started once on the node, carry the outer
+  // launcher's 0 beside their own LOCAL_RANK.
+  Env torchrun_under_mpirun({"OMPI_COMM_WORLD_LOCAL_RANK=0", "SLURM_LOCALID=0", "LOCAL_RANK=3"});
+  EXPECT_EQ(local_rank(torchrun_under_mpirun.envp()), 3);
+  Env horovod_over_mpi({"OMPI_COMM_WORLD_LOCAL_RANK=0", "HOROVOD_LOCAL_RANK=2"});
+  EXPECT_EQ(local_rank(horovod_over_mpi.envp()), 2);
+  // An MPI launcher's ranks inside a Slurm job, with their daemon's SLURM_LOCALID.
+  for (const char* mpi :
+       {"PALS_LOCAL_RANKID", "FLUX_TASK_LOCAL_ID", "JSM_NAMESPACE_LOCAL_RANK", "MPI_LOCALRANKID"}) {
+    Env under_slurm({"SLURM_LOCALID=0", std::string(mpi) + "=7"});
+    EXPECT_EQ(local_rank(under_slurm.envp()), 7) << mpi;
+  }
   // An invalid value is passed over for the next variable.
   Env bad_first({"OMPI_COMM_WORLD_LOCAL_RANK=x", "MV2_COMM_WORLD_LOCAL_RANK=-1",
                  "MPI_LOCALRANKID=", "PMI_LOCAL_RANK=2147483648", "SLURM_LOCALID=9"});
@@ -909,8 +924,8 @@ TEST(ConfigLocalRank, Precedence) {
 }
 
 TEST(ConfigLocalRank, NoneSet) {
-  Env none(
-      {"slurm_localid=3", "PMIX_RANK=2", "PMIX_LOCAL_RANK=1", "SLURM_LOCALIDX=4", "SLURM_LOCALID"});
+  Env none({"slurm_localid=3", "PMIX_RANK=2", "PMIX_LOCAL_RANK=1", "SLURM_LOCALIDX=4",
+            "SLURM_LOCALID", "local_rank=1", "LOCAL_RANKS=2", "RANK=5"});
   EXPECT_EQ(local_rank(none.envp()), -1);
   EXPECT_EQ(local_rank(nullptr), -1);
 
@@ -920,9 +935,11 @@ TEST(ConfigLocalRank, NoneSet) {
   EXPECT_EQ(o.local_rank, -1);
   ASSERT_EQ(g_lines.size(), 1u);
   EXPECT_EQ(g_lines[0],
-            "mnemosyne: MNEMOSYNE_DEVICE=local-rank but no MPI/Slurm local rank variable is set "
-            "to a rank (OMPI_COMM_WORLD_LOCAL_RANK, MV2_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, "
-            "PMI_LOCAL_RANK, SLURM_LOCALID); using device 0 (the default)");
+            "mnemosyne: MNEMOSYNE_DEVICE=local-rank but no launcher's local rank variable is set "
+            "to a rank (LOCAL_RANK, HOROVOD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_RANK, "
+            "MV2_COMM_WORLD_LOCAL_RANK, MPI_LOCALRANKID, PMI_LOCAL_RANK, PALS_LOCAL_RANKID, "
+            "FLUX_TASK_LOCAL_ID, JSM_NAMESPACE_LOCAL_RANK, SLURM_LOCALID); using device 0 (the "
+            "default)");
 }
 
 TEST(ConfigLocalRank, WordIsCaseInsensitiveAndRankAlwaysFilled) {
