@@ -61,13 +61,10 @@ else
 fi
 
 # CUDA Toolkit headers: only cuda.h and cudaTypedefs.h are used.
-cuda_inc="${CUDA_PATH:+$CUDA_PATH/include}"
-if [ -n "$cuda_inc" ] && [ -f "$cuda_inc/cudaTypedefs.h" ]; then
+if cuda_inc=$("$root/scripts/find-cuda-headers.sh"); then
   say "CUDA headers: $cuda_inc"
-elif [ -f /usr/local/cuda/include/cudaTypedefs.h ]; then
-  say "CUDA headers: /usr/local/cuda/include"
 else
-  say "CUDA Toolkit headers not found in \$CUDA_PATH/include nor /usr/local/cuda/include;"
+  say "CUDA Toolkit headers (12.0 or later) not found; looked in: $cuda_inc."
   say "install the CUDA Toolkit (headers suffice) or set CUDA_PATH. The build will stop."
 fi
 

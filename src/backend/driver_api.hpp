@@ -5,7 +5,35 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include <cstddef>
+
+// Entry points newer than the CUDA headers at hand (a 12.x toolkit): their
+// types as CUDA 13.0's cudaTypedefs.h declares them, so that every toolkit
+// from 12.0 on builds the same library. The loader asks the driver for every
+// entry point at CUDA 13.0's ABI (kDriverApiVersion, loader.cpp), or the
+// driver's own version if older; a driver without one leaves it null.
+#if CUDA_VERSION < 12050
+// Opaque here: mnemosyne only ever passes none (a null pointer).
+typedef struct CUctxCreateParams_st CUctxCreateParams;
+typedef CUresult(CUDAAPI* PFN_cuCtxCreate_v12050)(CUcontext* pctx,
+                                                  CUctxCreateParams* ctxCreateParams,
+                                                  unsigned int flags, CUdevice dev);
+#endif
+#if CUDA_VERSION < 13000
+typedef CUresult(CUDAAPI* PFN_cuMemDiscardBatchAsync_v13000)(CUdeviceptr_v2* dptrs,
+                                                             std::size_t* sizes, std::size_t count,
+                                                             unsigned long long flags,
+                                                             CUstream hStream);
+#endif
+
 namespace mnemosyne {
+
+// The newest ABI typed below: the loader asks the driver for it even where
+// the headers are older.
+inline constexpr int kDriverApiVersion = 13000;
+// CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER (36 in CUDA 13.0's cuda.h), which
+// older headers do not name.
+inline constexpr CUresult kCudaErrorCallRequiresNewerDriver = static_cast<CUresult>(36);
 
 struct DriverApi {
   PFN_cuInit_v2000 cuInit;

@@ -96,7 +96,10 @@ class Resolver {
   PFN_cuGetProcAddress_v12000 getproc_ = nullptr;
   int driver_version_ = 0;  // 0: unknown, no ABI gate
   bool stub_ = false;
-  int request_version_ = CUDA_VERSION;  // the headers' ABI, or the driver's if older
+  // The ABI the entry points are typed for (driver_api.hpp: the headers', and
+  // CUDA 13.0's for those older headers lack), or the driver's if older: a
+  // 12.x toolkit's build asks for what a 13.0 one does.
+  int request_version_ = CUDA_VERSION > kDriverApiVersion ? CUDA_VERSION : kDriverApiVersion;
 };
 
 // Every entry point. Required: what loading and the backends need to
@@ -320,6 +323,8 @@ void driver_mark_forked_child() noexcept {
 }
 
 const char* cu_result_name(CUresult result) noexcept {
+  // Not named by headers before 13.0 (no case label: not in their enum).
+  if (result == kCudaErrorCallRequiresNewerDriver) return "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER";
 #define MNEMOSYNE_CU_NAME(n) \
   case n:                    \
     return #n;
@@ -330,7 +335,6 @@ const char* cu_result_name(CUresult result) noexcept {
     MNEMOSYNE_CU_NAME(CUDA_ERROR_NOT_INITIALIZED)
     MNEMOSYNE_CU_NAME(CUDA_ERROR_DEINITIALIZED)
     MNEMOSYNE_CU_NAME(CUDA_ERROR_STUB_LIBRARY)
-    MNEMOSYNE_CU_NAME(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER)
     MNEMOSYNE_CU_NAME(CUDA_ERROR_DEVICE_UNAVAILABLE)
     MNEMOSYNE_CU_NAME(CUDA_ERROR_NO_DEVICE)
     MNEMOSYNE_CU_NAME(CUDA_ERROR_INVALID_DEVICE)

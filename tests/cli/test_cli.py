@@ -2,7 +2,8 @@
 """Tests of the `mnemosyne` launcher: run, info, stats, help, install.
 
 Usage: test_cli.py [GROUP...] where GROUP is one of the TestCase classes
-below (RunTests, InfoTests, StatsTests, HelpTests, InstallTests); none runs
+below (RunTests, InfoTests, StatsTests, HelpTests, InstallTests,
+CudaHeadersTests); none runs
 them all. Paths come from the environment meson's test() sets (see
 meson.build); the MNEMOSYNE_TEST_ prefix is one the library ignores.
 """
@@ -597,6 +598,81 @@ class InstallTests(Base):
         log_after = os.stat(build_log).st_mtime_ns if os.path.exists(build_log) else None
         self.assertEqual(log_before, log_after, "meson install wrote into the build directory")
         self.assertTrue(os.path.isfile(os.path.join(shadow, "meson-logs", "install-log.txt")))
+
+
+class CudaHeadersTests(unittest.TestCase):
+    """scripts/find-cuda-headers.sh: where the build finds cuda.h and
+    cudaTypedefs.h, in its order, on machines laid out as toolkits lay
+    them out."""
+
+    SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "scripts",
+                          "find-cuda-headers.sh")
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="mnemosyne-cuda-headers-")
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def toolkit(self, name, sub="include", typedefs=True):
+        inc = os.path.join(self.tmp, name, sub)
+        os.makedirs(inc)
+        for header in ["cuda.h"] + (["cudaTypedefs.h"] if typedefs else []):
+            open(os.path.join(inc, header), "w").close()
+        return os.path.join(self.tmp, name), inc
+
+    def find(self, **env):
+        clean = {k: v for k, v in ENV.items()
+                 if k not in ("CUDA_PATH", "CUDA_HOME", "CUDA_ROOT", "CONDA_PREFIX")}
+        clean["PATH"] = "/usr/bin:/bin"
+        clean.update(env)
+        return subprocess.run(["sh", self.SCRIPT], env=clean, capture_output=True, text=True,
+                              timeout=TIMEOUT)
+
+    def test_named_toolkits_in_order(self):
+        path, path_inc = self.toolkit("path")
+        home, home_inc = self.toolkit("home")
+        self.assertEqual(self.find(CUDA_HOME=home).stdout.strip(), home_inc)
+        self.assertEqual(self.find(CUDA_PATH=path, CUDA_HOME=home).stdout.strip(), path_inc)
+        self.assertEqual(self.find(CUDA_ROOT=home).stdout.strip(), home_inc)
+
+    def test_headers_without_typedefs_are_passed_over(self):
+        half, _ = self.toolkit("half", typedefs=False)
+        home, home_inc = self.toolkit("home")
+        self.assertEqual(self.find(CUDA_PATH=half, CUDA_HOME=home).stdout.strip(), home_inc)
+
+    def test_nvcc_on_path_names_its_toolkit_through_a_symlink(self):
+        tk, inc = self.toolkit("cuda-12.4", sub=os.path.join("targets", os.uname().machine + "-linux",
+                                                               "include"))
+        os.makedirs(os.path.join(tk, "bin"))
+        nvcc = os.path.join(tk, "bin", "nvcc")
+        with open(nvcc, "w") as f:
+            f.write("#!/bin/sh\n")
+        os.chmod(nvcc, 0o755)
+        bindir = os.path.join(self.tmp, "bin")
+        os.makedirs(bindir)
+        os.symlink(nvcc, os.path.join(bindir, "nvcc"))
+        got = self.find(PATH=bindir + ":/usr/bin:/bin")
+        self.assertEqual(got.stdout.strip(), inc)
+
+    def test_conda_environment(self):
+        env, inc = self.toolkit("conda", sub=os.path.join("targets", os.uname().machine + "-linux",
+                                                          "include"))
+        self.assertEqual(self.find(CONDA_PREFIX=env).stdout.strip(), inc)
+
+    def test_none_found_names_where_it_looked(self):
+        if os.geteuid() != 0 or shutil.which("unshare") is None:
+            self.skipTest("needs root and unshare to hide the machine's own toolkit")
+        cmd = ("mount -t tmpfs none /usr/local/cuda 2>/dev/null || true; "
+               "mount -t tmpfs none /usr/include; sh " + self.SCRIPT)
+        got = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True,
+                             timeout=TIMEOUT, env={"PATH": "/usr/bin:/bin",
+                                                   "CUDA_HOME": os.path.join(self.tmp, "none")})
+        self.assertEqual(got.returncode, 1, got.stderr)
+        self.assertEqual(got.stdout.split(), [
+            os.path.join(self.tmp, "none", "include"),
+            os.path.join(self.tmp, "none", "targets", os.uname().machine + "-linux", "include"),
+            "/usr/local/cuda/include", "/usr/include"])
 
 
 if __name__ == "__main__":

@@ -416,7 +416,9 @@ constexpr ErrorText kErrors[] = {
     FAKECUDA_ERR(CUDA_ERROR_NOT_INITIALIZED, "initialization error"),
     FAKECUDA_ERR(CUDA_ERROR_DEINITIALIZED, "driver shutting down"),
     FAKECUDA_ERR(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library"),
-    FAKECUDA_ERR(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "call requires a newer driver"),
+    // CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER: 36 in 13.0's cuda.h, unnamed before.
+    {static_cast<CUresult>(36), "CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER",
+     "call requires a newer driver"},
     FAKECUDA_ERR(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) busy or unavailable"),
     FAKECUDA_ERR(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected"),
     FAKECUDA_ERR(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal"),

@@ -16,6 +16,23 @@
 #define FAKECUDA_API extern "C" __attribute__((visibility("default")))
 #endif
 
+// What CUDA 13.0's headers declare and a 12.x toolkit's lack: the double
+// is a CUDA 13.0 driver whatever headers build it.
+#if CUDA_VERSION < 12050
+typedef struct CUctxCigParam_st CUctxCigParam;  // only its pointer is looked at
+typedef struct CUctxCreateParams_st {
+  CUexecAffinityParam* execAffinityParams;
+  int numExecAffinityParams;
+  CUctxCigParam* cigParams;
+} CUctxCreateParams;
+FAKECUDA_API CUresult cuCtxCreate_v4(CUcontext* pctx, CUctxCreateParams* params, unsigned int flags,
+                                     CUdevice dev);
+#endif
+#if CUDA_VERSION < 13000
+FAKECUDA_API CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, size_t count,
+                                             unsigned long long flags, CUstream hStream);
+#endif
+
 #include <pthread.h>
 
 #include <atomic>

@@ -17,6 +17,18 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
+// The double's driver version (fakecuda::kDriverVersion), whatever headers
+// built it.
+constexpr int kDoubleVersion = 13000;
+// Entry points a 12.x toolkit's headers lack, typed as CUDA 13.0 types them
+// (the double is a 13.0 driver; the calls below pass no context parameters).
+#if CUDA_VERSION < 12050
+typedef CUresult(CUDAAPI* PFN_cuCtxCreate_v12050)(CUcontext*, void*, unsigned int, CUdevice);
+#endif
+#if CUDA_VERSION < 13000
+typedef CUresult(CUDAAPI* PFN_cuMemDiscardBatchAsync_v13000)(CUdeviceptr*, size_t*, size_t,
+                                                             unsigned long long, CUstream);
+#endif
 #if defined(_WIN32)
 #include <process.h>
 #include <windows.h>
@@ -265,7 +277,7 @@ void check_before_init(Api& a) {
   CHECK(name != nullptr && strcmp(name, "CUDA_ERROR_OUT_OF_MEMORY") == 0);
   void* fn = nullptr;
   CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  CHECK_RC(a.cuGetProcAddress("cuInit", &fn, CUDA_VERSION, 0, &st), CUDA_SUCCESS);
+  CHECK_RC(a.cuGetProcAddress("cuInit", &fn, kDoubleVersion, 0, &st), CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(a.cuInit) && st == CU_GET_PROC_ADDRESS_SUCCESS);
   CHECK(a.counters().failed_calls >= 4);
 
@@ -308,7 +320,7 @@ void check_proc_address(Api& a) {
   for (const Case& c : cases) {
     void* fn = nullptr;
     CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-    CHECK_RC(a.cuGetProcAddress(c.base, &fn, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &st),
+    CHECK_RC(a.cuGetProcAddress(c.base, &fn, kDoubleVersion, CU_GET_PROC_ADDRESS_DEFAULT, &st),
              CUDA_SUCCESS);
     if (fn != dlsym(a.handle, c.versioned)) {
       fprintf(stderr, "cuGetProcAddress(%s) is not %s\n", c.base, c.versioned);
@@ -318,31 +330,32 @@ void check_proc_address(Api& a) {
   }
   void* fn = reinterpret_cast<void*>(1);
   CUdriverProcAddressQueryResult st = CU_GET_PROC_ADDRESS_SUCCESS;
-  CHECK_RC(a.cuGetProcAddress("cuNoSuchFunction", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuNoSuchFunction", &fn, kDoubleVersion, 0, &st),
+           CUDA_ERROR_NOT_FOUND);
   CHECK(fn == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
   // Versioned names are not base names.
-  CHECK_RC(a.cuGetProcAddress("cuMemFree_v2", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree_v2", &fn, kDoubleVersion, 0, &st), CUDA_ERROR_NOT_FOUND);
   // Too old a version for the symbol; an old version gets the old ABI.
   CHECK_RC(a.cuGetProcAddress("cuMemAllocManaged", &fn, 5000, 0, &st), CUDA_ERROR_NOT_FOUND);
   CHECK(st == CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT);
   CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, 3010, 0, &st), CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(a.cuMemFreeLegacy));
   // Newer than the driver.
-  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION + 10, 0, &st),
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, kDoubleVersion + 10, 0, &st),
            CUDA_ERROR_INVALID_VALUE);
-  CHECK_RC(a.cuGetProcAddress("cuMemFree", nullptr, CUDA_VERSION, 0, &st),
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", nullptr, kDoubleVersion, 0, &st),
            CUDA_ERROR_INVALID_VALUE);
   // The status argument is optional; the 11.3 form works too.
-  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, CUDA_VERSION, 0, nullptr), CUDA_SUCCESS);
+  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, kDoubleVersion, 0, nullptr), CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(a.cuMemAdvise));
-  CHECK_RC(a.cuGetProcAddressLegacy("cuCtxCreate", &fn, CUDA_VERSION, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuGetProcAddressLegacy("cuCtxCreate", &fn, kDoubleVersion, 0), CUDA_SUCCESS);
   CHECK(fn == reinterpret_cast<void*>(a.cuCtxCreate));
   // FAKECUDA_MISSING hides base names.
   setenv("FAKECUDA_MISSING", "cuFoo,cuMemAdvise,cuBar", 1);
-  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemAdvise", &fn, kDoubleVersion, 0, &st), CUDA_ERROR_NOT_FOUND);
   CHECK(fn == nullptr && st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND);
-  CHECK_RC(a.cuGetProcAddress("cuMemAdviseX", &fn, CUDA_VERSION, 0, &st), CUDA_ERROR_NOT_FOUND);
-  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION, 0, &st), CUDA_SUCCESS);
+  CHECK_RC(a.cuGetProcAddress("cuMemAdviseX", &fn, kDoubleVersion, 0, &st), CUDA_ERROR_NOT_FOUND);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, kDoubleVersion, 0, &st), CUDA_SUCCESS);
   unsetenv("FAKECUDA_MISSING");
 }
 
@@ -646,7 +659,7 @@ void check_fork(Api& a, const Blocks& blocks) {
     CUdeviceptr p = 0;
     if (a.cuMemAllocManaged(&p, 4096, CU_MEM_ATTACH_GLOBAL) != CUDA_ERROR_NOT_INITIALIZED) bad |= 8;
     void* fn = nullptr;
-    if (a.cuGetProcAddress("cuInit", &fn, CUDA_VERSION, 0, nullptr) != CUDA_ERROR_NOT_INITIALIZED)
+    if (a.cuGetProcAddress("cuInit", &fn, kDoubleVersion, 0, nullptr) != CUDA_ERROR_NOT_INITIALIZED)
       bad |= 16;
     if (a.owns(reinterpret_cast<void*>(blocks.managed)) != 0) bad |= 32;
     _exit(bad);
@@ -815,9 +828,9 @@ int run_env_faults(const char* lib) {
   CHECK_RC(a.cuDeviceGetAttribute(&v, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, 0), CUDA_SUCCESS);
   CHECK(v == 1);
   void* fn = nullptr;
-  CHECK_RC(a.cuGetProcAddress("cuPointerGetAttribute", &fn, CUDA_VERSION, 0, nullptr),
+  CHECK_RC(a.cuGetProcAddress("cuPointerGetAttribute", &fn, kDoubleVersion, 0, nullptr),
            CUDA_ERROR_NOT_FOUND);
-  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, CUDA_VERSION, 0, nullptr), CUDA_SUCCESS);
+  CHECK_RC(a.cuGetProcAddress("cuMemFree", &fn, kDoubleVersion, 0, nullptr), CUDA_SUCCESS);
   CUcontext ctx = nullptr;
   CHECK_RC(a.cuDevicePrimaryCtxRetain(&ctx, 0), CUDA_SUCCESS);
   CHECK_RC(a.cuCtxPushCurrent(ctx), CUDA_SUCCESS);
