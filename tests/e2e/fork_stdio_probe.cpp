@@ -117,28 +117,30 @@ void forker(int id) {
   }
 }
 
+// fopen, or a complaint and a bad round counted.
+FILE* open_or_count(const std::string& path, const char* mode) {
+  FILE* f = std::fopen(path.c_str(), mode);
+  if (f == nullptr) {
+    complain("fopen failed, errno", errno);
+    g_bad_files.fetch_add(1);
+  }
+  return f;
+}
+
 // A file written (fflush(NULL) on the way), read back line by line, checked.
 void stdio_worker(int id) {
   const std::string path = path_of("worker", id);
   for (long round = 0; !g_stop.load(std::memory_order_relaxed); ++round) {
-    FILE* f = std::fopen(path.c_str(), "w");
-    if (f == nullptr) {
-      complain("fopen for writing failed, errno", errno);
-      g_bad_files.fetch_add(1);
-      return;
-    }
+    FILE* f = open_or_count(path, "w");
+    if (f == nullptr) return;
     const int lines = 20 + static_cast<int>(round % 40);
     for (int i = 0; i < lines; ++i) {
       std::fprintf(f, "worker %d round %ld line %d %s\n", id, round, i, i % 3 ? "" : "padding");
       if (i == lines / 2) std::fflush(nullptr);
     }
     std::fclose(f);
-    f = std::fopen(path.c_str(), "r");
-    if (f == nullptr) {
-      complain("fopen for reading failed, errno", errno);
-      g_bad_files.fetch_add(1);
-      return;
-    }
+    f = open_or_count(path, "r");
+    if (f == nullptr) return;
     char* line = nullptr;
     std::size_t cap = 0;
     int seen = 0;
@@ -236,12 +238,8 @@ void deadlock_forker() {
 
 void deadlock_reader(const std::string& path) {
   while (!g_stop.load(std::memory_order_relaxed)) {
-    FILE* f = std::fopen(path.c_str(), "r");
-    if (f == nullptr) {
-      complain("fopen failed, errno", errno);
-      g_bad_files.fetch_add(1);
-      return;
-    }
+    FILE* f = open_or_count(path, "r");
+    if (f == nullptr) return;
     char* line = nullptr;
     std::size_t cap = 0;
     int first = 0;
