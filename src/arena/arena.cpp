@@ -89,6 +89,15 @@ constinit thread_local int t_slow_paths = 0;
 __attribute__((tls_model("initial-exec"))) constinit thread_local int t_slow_paths = 0;
 #endif
 
+// This thread's growth gave way to a fork (lock_grow): its request is served
+// from the host heap, without the warning of a refused growth, even if the
+// fork is over by then.
+#if defined(_WIN32)
+constinit thread_local bool t_gave_way = false;
+#else
+__attribute__((tls_model("initial-exec"))) constinit thread_local bool t_gave_way = false;
+#endif
+
 class SlowPath {
  public:
   SlowPath() noexcept {
@@ -338,7 +347,10 @@ bool lock_grow() noexcept {
     }
     // A fork waits for this thread to leave the slow path; the grower may be
     // the forking thread itself (its signal handler forks).
-    if (fork_gate_closed()) return false;
+    if (fork_gate_closed()) {
+      t_gave_way = true;
+      return false;
+    }
     const std::uint64_t now = Os::monotonic_ns();
     const long holder = g_state.grower.load(std::memory_order_relaxed);
     const std::uint64_t done = (holder >= 0 ? Os::thread_cpu_ns(holder) : 0) +
@@ -649,6 +661,7 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
   // A fork is under way: no driver call until it is over (SlowPath).
   const SlowPath in_slow_path;
   if (fork_gate_closed()) return host_alloc(size, alignment, zero, g_state.driver_allocations);
+  t_gave_way = false;
 
   void* p = nullptr;
   const char* why = g_state.exhausted_reason;
@@ -700,7 +713,7 @@ void* alloc_slow(std::size_t size, std::size_t alignment, bool zero) noexcept {
     }
   }
   // The growth gave way to a fork (lock_grow): not the backend's refusal.
-  if (p == nullptr && fork_gate_closed()) {
+  if (p == nullptr && (t_gave_way || fork_gate_closed())) {
     p = host_alloc(size, alignment, zero, g_state.driver_allocations);
   }
   if (p == nullptr) p = fallback(size, alignment, zero, why);
