@@ -292,7 +292,7 @@ bool add_arena_locked(std::size_t min_bytes, char* why, std::size_t why_len) noe
   }
   // Memory not known zero is declared so: mimalloc then clears the
   // metadata of each segment it carves from it (its arena.c, as patched by
-  // subprojects/packagefiles/mimalloc-arena-is-zero.patch) and zeroes calloc's
+  // subprojects/mimalloc/patches/mimalloc-arena-is-zero.patch) and zeroes calloc's
   // blocks (huge ones with clear_huge_block). Memory known zero spares a
   // huge calloc block on never-used memory any clearing
   // (mimalloc-huge-calloc.patch). A reservation is declared uncommitted:

@@ -675,6 +675,168 @@ class CudaHeadersTests(unittest.TestCase):
             "/usr/local/cuda/include", "/usr/include"])
 
 
+SOURCE_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+
+
+def fixtures():
+    """../shared/fixtures (scripts/find-fixtures.sh), or None."""
+    found = subprocess.run(["sh", os.path.join(SOURCE_ROOT, "scripts", "find-fixtures.sh")],
+                           capture_output=True, text=True, timeout=TIMEOUT)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+class MimallocSourceTests(unittest.TestCase):
+    """scripts/fetch-mimalloc.sh: mimalloc 2.0.9's source from wherever it can
+    be had, checked by content, patched into subprojects/mimalloc/source/; in
+    a copy of the scripts and patches, so the checkout's own tree is never
+    touched. Upstream's repository is its git bundle in ../shared/fixtures."""
+
+    TREE = "d0d7a2705a1e0060a122e956a2575fc90614edcc"
+    COMMIT = "28cf67e5b64c704cad993c71f29a24e781bee544"
+
+    def setUp(self):
+        self.tmp = tempfile.mkdtemp(prefix="mnemosyne-mimalloc-source-")
+        self.root = os.path.join(self.tmp, "root")
+        os.makedirs(os.path.join(self.root, "scripts"))
+        shutil.copy(os.path.join(SOURCE_ROOT, "scripts", "fetch-mimalloc.sh"),
+                    os.path.join(self.root, "scripts"))
+        shutil.copytree(os.path.join(SOURCE_ROOT, "subprojects", "mimalloc", "patches"),
+                        os.path.join(self.root, "subprojects", "mimalloc", "patches"))
+        fix = fixtures()
+        self.bundle = os.path.join(fix, "mimalloc-v2.0.9.bundle") if fix else None
+
+    def tearDown(self):
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def need_bundle(self):
+        if not self.bundle or not os.path.isfile(self.bundle):
+            self.skipTest("../shared/fixtures/mimalloc-v2.0.9.bundle is absent: upstream's "
+                          "repository has no stand-in here")
+
+    def fetch(self, **env):
+        clean = {k: v for k, v in ENV.items() if not k.startswith("MNEMOSYNE_MIMALLOC_")}
+        clean.update(env)
+        return subprocess.run(["bash", os.path.join(self.root, "scripts", "fetch-mimalloc.sh")],
+                              env=clean, capture_output=True, text=True, timeout=TIMEOUT)
+
+    def source(self, *path):
+        return os.path.join(self.root, "subprojects", "mimalloc", "source", *path)
+
+    def assert_patched(self, got):
+        self.assertEqual(got.returncode, 0, got.stderr)
+        with open(self.source("src", "os.c")) as f:
+            self.assertIn("mnemosyne: the embedder's segment provider", f.read())
+        with open(self.source("src", "arena.c")) as f:
+            self.assertIn("mnemosyne: a block never claimed before is zero", f.read())
+        # Debian's layout: upstream's documentation and IDE folders left out.
+        for folder in ("bin", "doc", "docs", "ide"):
+            self.assertFalse(os.path.exists(self.source(folder)), folder)
+
+    def upstream_tarball(self, tamper=False):
+        """Upstream's release tarball as GitHub makes it (git archive of the
+        tag, one top folder), made from the bundle."""
+        repo = os.path.join(self.tmp, "repo")
+        subprocess.run(["git", "clone", "-q", "--no-checkout", self.bundle, repo], check=True,
+                       capture_output=True)
+        tree = os.path.join(self.tmp, "tree")
+        os.makedirs(tree)
+        archive = subprocess.run(["git", "-C", repo, "archive", "--prefix=mimalloc-2.0.9/",
+                                  self.COMMIT], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tree], input=archive, check=True)
+        if tamper:
+            with open(os.path.join(tree, "mimalloc-2.0.9", "src", "alloc.c"), "a") as f:
+                f.write("/* not upstream's */\n")
+        out = os.path.join(self.tmp, "v2.0.9.tar.gz")
+        subprocess.run(["tar", "-czf", out, "-C", tree, "mimalloc-2.0.9"], check=True)
+        return out
+
+    def test_upstream_at_its_commit(self):
+        self.need_bundle()
+        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present,upstream",
+                         MNEMOSYNE_MIMALLOC_UPSTREAM=self.bundle)
+        self.assert_patched(got)
+        self.assertIn("mimalloc source: upstream", got.stderr)
+        # Again: nothing to do, nothing said.
+        again = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present")
+        self.assertEqual((again.returncode, again.stderr), (0, ""))
+        # A changed patch remakes the tree from the copy kept, fetching nothing.
+        patch = os.path.join(self.root, "subprojects", "mimalloc", "patches",
+                             "mimalloc-huge-calloc.patch")
+        with open(patch) as f:
+            text = f.read()
+        with open(patch, "w") as f:
+            f.write("A changed explanation.\n" + text)
+        remade = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present")
+        self.assert_patched(remade)
+        self.assertIn("(patched)", remade.stderr)
+
+    def test_a_release_tarball_given_or_put_in_place(self):
+        self.need_bundle()
+        tarball = self.upstream_tarball()
+        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
+                                       MNEMOSYNE_MIMALLOC_SOURCE=tarball))
+        shutil.rmtree(os.path.join(self.root, "subprojects", "mimalloc", "source"))
+        shutil.rmtree(os.path.join(self.root, "subprojects", "packagecache"))
+        cache = os.path.join(self.root, "subprojects", "packagecache")
+        os.makedirs(cache)
+        shutil.copy(tarball, cache)
+        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present"))
+
+    def test_debians_tarball(self):
+        for folder in ("packagecache", "packagefiles"):
+            tarball = os.path.join(SOURCE_ROOT, "subprojects", folder,
+                                   "mimalloc_2.0.9+ds.orig.tar.xz")
+            if os.path.isfile(tarball):
+                break
+        else:
+            self.skipTest("no Debian mimalloc_2.0.9+ds.orig.tar.xz in this checkout")
+        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
+                                       MNEMOSYNE_MIMALLOC_SOURCE=tarball))
+
+    def test_another_source_is_refused(self):
+        self.need_bundle()
+        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
+                         MNEMOSYNE_MIMALLOC_SOURCE=self.upstream_tarball(tamper=True))
+        self.assertEqual(got.returncode, 1)
+        self.assertIn("not mimalloc v2.0.9 (content tree", got.stderr)
+        self.assertFalse(os.path.exists(self.source()))
+
+    def test_none_names_what_to_fetch_and_where(self):
+        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present,given,upstream",
+                         MNEMOSYNE_MIMALLOC_UPSTREAM=os.path.join(self.tmp, "no-such-repository"))
+        self.assertEqual(got.returncode, 1)
+        self.assertIn("mimalloc 2.0.9's source could not be had", got.stderr)
+        self.assertIn(os.path.join(self.root, "subprojects", "packagecache"), got.stderr)
+        self.assertIn("v2.0.9.tar.gz", got.stderr)
+        self.assertIn(self.COMMIT, got.stderr)
+        self.assertFalse(os.path.exists(self.source()))
+
+
+class LibraryTests(unittest.TestCase):
+    """What the built preload library asks of the system it is loaded on."""
+
+    def test_no_glibc_newer_than_2_31(self):
+        """Built against a newer glibc, the library still loads on glibc 2.31
+        (src/platform/glibc_symvers.h); the rootfs phase of scripts/test.sh
+        loads it there. Sanitizer builds keep the newest versions."""
+        if os.uname().machine != "x86_64":
+            self.skipTest("the oldest versions are bound on x86-64 only")
+        if ENV.get("MNEMOSYNE_TEST_SANITIZE", "none") != "none":
+            self.skipTest("sanitizer build: versions left to the interceptors")
+        dump = subprocess.run(["objdump", "-T", "-p", INTERPOSER], capture_output=True, text=True,
+                              timeout=TIMEOUT, check=True).stdout
+        newer = []
+        for line in dump.splitlines():
+            fields = line.split()
+            for f in fields:
+                v = f.strip("()")
+                if v.startswith("GLIBC_2.") and "*UND*" in line:
+                    parts = [int(x) for x in v[len("GLIBC_"):].split(".")]
+                    if parts[:2] > [2, 31]:
+                        newer.append(f"{fields[-1]}@{v}")
+        self.assertEqual(newer, [], "add these to src/platform/glibc_symvers.h")
+
+
 if __name__ == "__main__":
     groups = sys.argv[1:]
     loader = unittest.TestLoader()
