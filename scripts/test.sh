@@ -55,12 +55,12 @@ fi
 phase "== set-up (scripts/setup.sh: packages, mimalloc's source)"
 scripts/setup.sh
 
-configure() {  # dir, extra meson options...
+configure() {  # dir, extra meson options...: the project's builds, with -Werror
   local dir=$1; shift
   if [ -f "$dir/build.ninja" ]; then
-    meson setup --reconfigure "$dir" "$@" >/dev/null
+    meson setup --reconfigure "$dir" -Dwerror=true "$@" >/dev/null
   else
-    meson setup "$dir" "$@" >/dev/null
+    meson setup "$dir" -Dwerror=true "$@" >/dev/null
   fi
 }
 

@@ -14,6 +14,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <cerrno>
 
 #include "backend/driver_call.hpp"
 #include "libc.hpp"

@@ -6,6 +6,15 @@
 
 #include <cstddef>
 
+#if !__GLIBC_PREREQ(2, 33)
+// glibc before 2.33 has no mallinfo2: its struct as 2.33 declares it, for
+// the mallinfo2 this library exports (glibc_extras.cpp) and for glibc's own,
+// looked up at run time (there is none on such a glibc).
+struct mallinfo2 {
+  std::size_t arena, ordblks, smblks, hblks, hblkhd, usmblks, fsmblks, uordblks, fordblks, keepcost;
+};
+#endif
+
 extern "C" {
 void* __libc_malloc(std::size_t size);
 void* __libc_calloc(std::size_t count, std::size_t size);

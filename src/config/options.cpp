@@ -301,7 +301,7 @@ void Reader::apply(Row row, const Entry& e) noexcept {
       const std::size_t len = detail::length(e.value);
       bool ok = len < sizeof lower;
       if (ok) {
-        for (std::size_t i = 0; i <= len; ++i) lower[i] = detail::ascii_lower(e.value[i]);
+        for (std::size_t i = 0; i < len; ++i) lower[i] = detail::ascii_lower(e.value[i]);
         BackendId id = BackendId::none;
         ok = parse_backend_name(std::string_view(lower, len), &id);
         if (ok) o.backend = id;

@@ -15,6 +15,22 @@ namespace {
 constexpr int kSignals[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE};
 constexpr int kCount = sizeof kSignals / sizeof kSignals[0];
 
+// The name of one of kSignals (glibc's sigabbrev_np is 2.32's).
+const char* signal_name(int sig) noexcept {
+  switch (sig) {
+    case SIGSEGV:
+      return "SEGV";
+    case SIGBUS:
+      return "BUS";
+    case SIGILL:
+      return "ILL";
+    case SIGFPE:
+      return "FPE";
+    default:
+      return "?";
+  }
+}
+
 struct sigaction g_previous[kCount];
 __attribute__((tls_model("initial-exec"))) constinit thread_local sigjmp_buf* t_guard = nullptr;
 
@@ -57,9 +73,8 @@ bool call_guarded(void (*fn)(void*), void* arg, char* what, std::size_t len) noe
     }
   }
   if (caught != 0) {
-    const char* name = sigabbrev_np(caught);
     std::snprintf(what, len, "crashed inside the driver (signal %d, %s)", caught,
-                  name != nullptr ? name : "?");
+                  signal_name(caught));
   }
   return caught == 0;
 }

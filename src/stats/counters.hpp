@@ -107,7 +107,8 @@ inline void bump(std::uint64_t& counter, std::uint64_t v) noexcept {
 // bump for an unpublished counter: true when the add carried out, i.e. the
 // counter reached kPublishBytes and must be published.
 inline bool bump_carries(std::uint64_t& counter, std::uint64_t v) noexcept {
-#if MNEMOSYNE_COUNTER_ASM
+  // asm goto with an output operand: GCC 11 and later, Clang 11 and later.
+#if MNEMOSYNE_COUNTER_ASM && (defined(__clang__) || __GNUC__ >= 11)
   asm goto("addq %1, %0\n\tjc %l[carried]" : "+m"(counter) : "er"(v) : "cc" : carried);
   return false;
 carried:

@@ -21,6 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "mallinfo2_compat.hpp"
+
 namespace {
 
 std::mutex g_pointers_mutex;

@@ -15,6 +15,8 @@
 //                                   whose child _exits at once, as glibc's test's does; a
 //                                   second thread forks at the same time as the main one,
 //                                   and those children check the heap
+#include <dlfcn.h>
+#include <gnu/libc-version.h>
 #include <pthread.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -167,6 +169,14 @@ std::atomic<int> g_handler_failures{0};
 std::atomic<int> g_handler_forks{0};
 pid_t (*g_handler_fork)() = &fork;
 
+}  // namespace
+#if !__GLIBC_PREREQ(2, 34)
+// Declared here where glibc's headers are older than _Fork; resolved, when
+// the mode runs, only where the glibc it runs on has it.
+extern "C" pid_t _Fork() __attribute__((weak));
+#endif
+namespace {
+
 // A _Fork() child may only call async-signal-safe functions: it exits at
 // once (a _Fork made while another thread's fork has not copied the heap
 // yet gives a child without its parent's heap, see docs/fork.md).
@@ -260,6 +270,14 @@ int mode_signal_fork() {
 }
 
 int mode_signal_threads() {
+  // glibc's _Fork is 2.34's: on an older glibc (where the probe is built
+  // without it) the mode has nothing to test.
+  void* libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+  if (libc == nullptr || dlsym(libc, "_Fork") == nullptr) {
+    std::printf("signal-threads: glibc %s has no _Fork (2.34 and later): not run\n",
+                gnu_get_libc_version());
+    return 77;
+  }
   make_witnesses();
   g_handler_fork = &_Fork;
   g_handler_child_checks = false;

@@ -57,6 +57,8 @@
 #include <cstring>
 #include <initializer_list>
 
+#include "mallinfo2_compat.hpp"
+
 namespace {
 
 // Sizes and calls the compiler cannot see through: these requests are

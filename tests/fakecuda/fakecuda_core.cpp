@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <initializer_list>
+
 #include "fakecuda_internal.h"
 #include "fakecuda_os.h"
 

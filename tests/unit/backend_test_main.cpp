@@ -11,7 +11,11 @@
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
+#ifdef GTEST_FLAG_SET
   GTEST_FLAG_SET(death_test_style, "threadsafe");
+#else  // GoogleTest before 1.11 (Debian 11)
+  ::testing::GTEST_FLAG(death_test_style) = "threadsafe";
+#endif
   if (const char* fake = std::getenv("MNEMOSYNE_TEST_FAKECUDA"); fake != nullptr && *fake) {
     mnemosyne::test::set_env("MNEMOSYNE_CUDA_DRIVER", fake);
   }
