@@ -17,16 +17,30 @@
 #             (or subprojects/packagefiles/): Debian's
 #             mimalloc_2.0.9+ds.orig.tar.xz, upstream's mimalloc-2.0.9.tar.gz
 #             or v2.0.9.tar.gz
-#   given     MNEMOSYNE_MIMALLOC_SOURCE: a directory (a checkout), a tarball,
-#             a git repository or bundle, or a URL (a tarball or git)
+#   given     --source: a directory (a checkout), a tarball, a git
+#             repository or bundle, or a URL (a tarball or git)
 #   debian    Debian's source package (apt-get source mimalloc=2.0.9+ds-2,
 #             with private apt lists: no root, the system's apt untouched)
-#   upstream  git, that commit, from MNEMOSYNE_MIMALLOC_UPSTREAM (default
-#             upstream's repository on GitHub)
-# MNEMOSYNE_MIMALLOC_SOURCES names the ones to try, in order (default
+#   upstream  git, that commit, from upstream's repository on GitHub (or
+#             --upstream URL)
+# --sources names the ones to try, in order (default
 # present,given,debian,upstream). When none gives it, one message says what
-# to fetch and where to put it, and the script exits 1.
+# to fetch and where to put it, and the script exits 1. (Options, not
+# environment variables: MNEMOSYNE_* are the library's, which warns about
+# names it does not know.)
+#
+# Usage: scripts/fetch-mimalloc.sh [--source PATH|URL] [--upstream URL] [--sources LIST]
 set -euo pipefail
+given="" upstream="" order_list=present,given,debian,upstream
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --source) given=${2:?--source needs a path or URL}; shift 2 ;;
+    --upstream) upstream=${2:?--upstream needs a URL}; shift 2 ;;
+    --sources) order_list=${2:?--sources needs a list}; shift 2 ;;
+    *) echo "usage: scripts/fetch-mimalloc.sh [--source PATH|URL] [--upstream URL] [--sources LIST]" >&2
+       exit 2 ;;
+  esac
+done
 
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 say() { printf 'setup: %s\n' "$*" >&2; }
@@ -37,6 +51,7 @@ tree=d0d7a2705a1e0060a122e956a2575fc90614edcc
 debian_tarball=mimalloc_2.0.9+ds.orig.tar.xz
 debian_sha256=cbc9d207ff105ad1f0cb739c378076143a6452b8d0624309cea0abfb040e972b
 upstream_repo=https://github.com/microsoft/mimalloc.git
+upstream=${upstream:-$upstream_repo}
 upstream_tarball=https://github.com/microsoft/mimalloc/archive/refs/tags/v2.0.9.tar.gz
 # mnemosyne's changes, in the order they apply (each explained at its top).
 patches=(arena-is-zero huge-calloc os-hooks embedder-load huge-commit)
@@ -176,9 +191,9 @@ try_present() {
 }
 
 try_given() {
-  local src=${MNEMOSYNE_MIMALLOC_SOURCE:-}
+  local src=$given
   [ -n "$src" ] || return 1
-  local what="MNEMOSYNE_MIMALLOC_SOURCE=$src"
+  local what="--source $src"
   if [ -d "$src/.git" ] || [ -f "$src/HEAD" ]; then from_git "$src" "$what"
   elif [ -d "$src" ]; then
     rm -rf "$work/copy"; cp -a "$src" "$work/copy"; rm -rf "$work/copy/.git"
@@ -221,17 +236,17 @@ try_debian() {
 }
 
 try_upstream() {
-  local repo=${MNEMOSYNE_MIMALLOC_UPSTREAM:-$upstream_repo}
+  local repo=$upstream
   say "fetching mimalloc $commit from $repo (git)"
   from_git "$repo" "upstream ($repo)"
 }
 
 got=0
-IFS=, read -r -a order <<<"${MNEMOSYNE_MIMALLOC_SOURCES:-present,given,debian,upstream}"
+IFS=, read -r -a order <<<"$order_list"
 for source in "${order[@]}"; do
   case "$source" in
     present|given|debian|upstream) if "try_$source"; then got=1; break; fi ;;
-    *) say "MNEMOSYNE_MIMALLOC_SOURCES: unknown source '$source' (present, given, debian, upstream)"
+    *) say "--sources: unknown source '$source' (present, given, debian, upstream)"
        exit 2 ;;
   esac
 done
@@ -239,7 +254,7 @@ if [ $got -eq 0 ]; then
   {
     echo "setup: mimalloc 2.0.9's source could not be had (tried: ${order[*]})."
     for r in "${reasons[@]}"; do echo "setup:   $r"; done
-    echo "setup: fetch one of these and put it in $pkgcache/ (or set MNEMOSYNE_MIMALLOC_SOURCE to it):"
+    echo "setup: fetch one of these and put it in $pkgcache/ (or run scripts/fetch-mimalloc.sh --source PATH-or-URL):"
     echo "setup:   upstream's $upstream_tarball (saved as v2.0.9.tar.gz)"
     echo "setup:   Debian's $debian_tarball (sha256 $debian_sha256)"
     echo "setup:   or a clone of $upstream_repo with commit $commit"

@@ -713,11 +713,9 @@ class MimallocSourceTests(unittest.TestCase):
             self.skipTest("../shared/fixtures/mimalloc-v2.0.9.bundle is absent: upstream's "
                           "repository has no stand-in here")
 
-    def fetch(self, **env):
-        clean = {k: v for k, v in ENV.items() if not k.startswith("MNEMOSYNE_MIMALLOC_")}
-        clean.update(env)
-        return subprocess.run(["bash", os.path.join(self.root, "scripts", "fetch-mimalloc.sh")],
-                              env=clean, capture_output=True, text=True, timeout=TIMEOUT)
+    def fetch(self, *args):
+        return subprocess.run(["bash", os.path.join(self.root, "scripts", "fetch-mimalloc.sh")] +
+                              list(args), capture_output=True, text=True, timeout=TIMEOUT)
 
     def source(self, *path):
         return os.path.join(self.root, "subprojects", "mimalloc", "source", *path)
@@ -752,12 +750,11 @@ class MimallocSourceTests(unittest.TestCase):
 
     def test_upstream_at_its_commit(self):
         self.need_bundle()
-        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present,upstream",
-                         MNEMOSYNE_MIMALLOC_UPSTREAM=self.bundle)
+        got = self.fetch("--sources", "present,upstream", "--upstream", self.bundle)
         self.assert_patched(got)
         self.assertIn("mimalloc source: upstream", got.stderr)
         # Again: nothing to do, nothing said.
-        again = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present")
+        again = self.fetch("--sources", "present")
         self.assertEqual((again.returncode, again.stderr), (0, ""))
         # A changed patch remakes the tree from the copy kept, fetching nothing.
         patch = os.path.join(self.root, "subprojects", "mimalloc", "patches",
@@ -766,21 +763,20 @@ class MimallocSourceTests(unittest.TestCase):
             text = f.read()
         with open(patch, "w") as f:
             f.write("A changed explanation.\n" + text)
-        remade = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present")
+        remade = self.fetch("--sources", "present")
         self.assert_patched(remade)
         self.assertIn("(patched)", remade.stderr)
 
     def test_a_release_tarball_given_or_put_in_place(self):
         self.need_bundle()
         tarball = self.upstream_tarball()
-        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
-                                       MNEMOSYNE_MIMALLOC_SOURCE=tarball))
+        self.assert_patched(self.fetch("--sources", "given", "--source", tarball))
         shutil.rmtree(os.path.join(self.root, "subprojects", "mimalloc", "source"))
         shutil.rmtree(os.path.join(self.root, "subprojects", "packagecache"))
         cache = os.path.join(self.root, "subprojects", "packagecache")
         os.makedirs(cache)
         shutil.copy(tarball, cache)
-        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present"))
+        self.assert_patched(self.fetch("--sources", "present"))
 
     def test_debians_tarball(self):
         for folder in ("packagecache", "packagefiles"):
@@ -790,20 +786,18 @@ class MimallocSourceTests(unittest.TestCase):
                 break
         else:
             self.skipTest("no Debian mimalloc_2.0.9+ds.orig.tar.xz in this checkout")
-        self.assert_patched(self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
-                                       MNEMOSYNE_MIMALLOC_SOURCE=tarball))
+        self.assert_patched(self.fetch("--sources", "given", "--source", tarball))
 
     def test_another_source_is_refused(self):
         self.need_bundle()
-        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="given",
-                         MNEMOSYNE_MIMALLOC_SOURCE=self.upstream_tarball(tamper=True))
+        got = self.fetch("--sources", "given", "--source", self.upstream_tarball(tamper=True))
         self.assertEqual(got.returncode, 1)
         self.assertIn("not mimalloc v2.0.9 (content tree", got.stderr)
         self.assertFalse(os.path.exists(self.source()))
 
     def test_none_names_what_to_fetch_and_where(self):
-        got = self.fetch(MNEMOSYNE_MIMALLOC_SOURCES="present,given,upstream",
-                         MNEMOSYNE_MIMALLOC_UPSTREAM=os.path.join(self.tmp, "no-such-repository"))
+        got = self.fetch("--sources", "present,given,upstream",
+                         "--upstream", os.path.join(self.tmp, "no-such-repository"))
         self.assertEqual(got.returncode, 1)
         self.assertIn("mimalloc 2.0.9's source could not be had", got.stderr)
         self.assertIn(os.path.join(self.root, "subprojects", "packagecache"), got.stderr)
