@@ -106,7 +106,8 @@ if [ $build_only -eq 0 ]; then
   # children (cases postgres, jvm-launch): PostgreSQL 15 and OpenJDK 17.
   # The library and the launcher: compilers, meson, nlohmann-json, and xz to
   # unpack mimalloc's source. Other Debian releases' root filesystems for the
-  # builds-elsewhere phase: debootstrap.
+  # builds-elsewhere phase: debootstrap. ccache, which meson uses when it is
+  # there: a run after the first compiles only what changed.
   build_packages=(build-essential g++ gcc meson ninja-build pkg-config nlohmann-json3-dev xz-utils)
   packages=(
     "${build_packages[@]}"
@@ -116,7 +117,7 @@ if [ $build_only -eq 0 ]; then
     gdb openmpi-bin libopenmpi-dev catatonit dumb-init postgresql-15 openjdk-17-jdk-headless
     g++-mingw-w64-x86-64-posix gcc-mingw-w64-x86-64-posix mingw-w64-x86-64-dev wine wine64
     libjemalloc2 libtcmalloc-minimal4 libmimalloc2.0 time redis-server
-    debootstrap
+    debootstrap ccache
   )
 
   missing=()

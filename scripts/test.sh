@@ -54,6 +54,10 @@ fi
 
 phase "== set-up (scripts/setup.sh: packages, mimalloc's source)"
 scripts/setup.sh
+# meson compiles through ccache when it is installed (setup.sh installs it):
+# paths under this clone are hashed relative to it, so a fresh clone (CI's)
+# reuses what an earlier clone compiled.
+export CCACHE_BASEDIR="$root" CCACHE_NOHASHDIR=true
 
 configure() {  # dir, extra meson options...: the project's builds, with -Werror
   local dir=$1; shift
@@ -213,6 +217,21 @@ if [ $quick -eq 0 ]; then
   else
     echo "bench: FAILED:"; tail -20 build/bench-quick.log
     status=1; failed=$((failed + 1))
+  fi
+
+  phase "== builds elsewhere: Debian 13 and Debian 11 root filesystems (scripts/elsewhere.sh)"
+  # From fresh clones, as a user without root: the README's first command,
+  # the unit tests and a forked python3 over the double, against CUDA 13.0's
+  # headers and Debian 13's CUDA 12.4 ones; and this build's library loaded
+  # there. The root filesystems are made once a machine (scripts/rootfs.sh).
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "elsewhere: not run (chroot needs root)"
+  else
+    elsewhere_log=$(mktemp)
+    scripts/elsewhere.sh build 2>&1 | tee "$elsewhere_log" || status=1
+    passed=$((passed + $(grep -c '^elsewhere: .* ok (' "$elsewhere_log" || true)))
+    failed=$((failed + $(grep -c 'FAILED' "$elsewhere_log" || true)))
+    rm -f "$elsewhere_log"
   fi
 
   phase "== the README's install line, on a fresh clone"
