@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # One short run that shows what mnemosyne does on a real NVIDIA GPU.
 #
-#   scripts/gpu-check.sh [REPORT_DIR] [--prebuilt DIR]
+#   scripts/gpu-check.sh [REPORT_DIR] [--prebuilt DIR | --build]
 #
 # Without an NVIDIA driver it says so in one line and exits 0. With one, it
 # writes REPORT_DIR/report.md (default gpu-report/) and the raw output of
 # every step under REPORT_DIR/logs/. Binaries: --prebuilt DIR (a build tree,
 # or a folder holding libmnemosyne.so, gpu_probe and mnemosyne), else
-# build/, else a fresh build when meson and ninja are there. Setting
+# build/, else a fresh build when meson and ninja are there. --build builds
+# from this tree first, into build-gpu/ (made anew), with this machine's
+# compiler, meson and CUDA toolkit (a machine that reaches no network needs
+# mimalloc's source carried: subprojects/packagecache/); the report says
+# which distribution, compiler and toolkit built what it ran. Setting
 # MNEMOSYNE_CUDA_DRIVER runs it against that library instead of the system's
 # driver (the test double: tests/gpu/meson.build, gpu-check-double).
 #
@@ -23,8 +27,10 @@ set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 report_dir=gpu-report
 prebuilt=""
+build_here=0
 while [ $# -gt 0 ]; do
   case "$1" in
+    --build) build_here=1; shift ;;
     --prebuilt) prebuilt=${2:?--prebuilt needs a folder}; shift 2 ;;
     --prebuilt=*) prebuilt=${1#--prebuilt=}; shift ;;
     -h|--help) sed -n '2,20p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
@@ -51,6 +57,29 @@ if [ -z "$driver" ] || [ ! -e "$driver" ]; then
 fi
 
 # ---------------------------------------------------------------- binaries
+# --build: the whole tree (tests included: the probe, the e2e suite), built
+# here; on failure the report says why and the run goes on with what else
+# there is.
+built_by=""
+build_failure=""
+if [ $build_here -eq 1 ]; then
+  mkdir -p "$report_dir/logs"
+  echo "gpu-check: building from this tree into build-gpu/ (meson, ninja)" >&2
+  rm -rf "$root/build-gpu"
+  if (cd "$root" && meson setup build-gpu -Dtests=true && ninja -C build-gpu) \
+       >"$report_dir/logs/build.log" 2>&1; then
+    prebuilt="$root/build-gpu"
+    os=$(. /etc/os-release 2>/dev/null && echo "$PRETTY_NAME")
+    headers=$(sed -n 's/^Message: CUDA headers: //p' "$report_dir/logs/build.log" | head -n 1)
+    cuda_version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$headers/cuda.h" 2>/dev/null)
+    built_by="built here from a clean tree: ${os:-unknown distribution}, $(c++ --version | head -n 1),"
+    built_by="$built_by meson $(meson --version), glibc $(ldd --version | head -n 1 | grep -o '[0-9.]*$'),"
+    built_by="$built_by CUDA headers $cuda_version ($headers)"
+  else
+    build_failure=$(grep -v '^\[' "$report_dir/logs/build.log" | tail -n 3 | tr '\n' ' ')
+    echo "gpu-check: the build failed (logs/build.log): $build_failure" >&2
+  fi
+fi
 find_bin() {  # NAME PATH-IN-A-BUILD-TREE: prints the first that exists
   local dir
   for dir in "$prebuilt" "$root/build"; do
@@ -161,6 +190,8 @@ if command -v nvidia-smi >/dev/null; then
   while read -r line; do say "- $line"; done <"$logs/nvidia-smi.log"
 fi
 say "- binaries: $lib, $probe"
+if [ -n "$built_by" ]; then say "- $built_by"; fi
+if [ -n "$build_failure" ]; then say "- **the build here failed** (logs/build.log): \`$build_failure\`"; fi
 say ""
 # GPU_CHECK_PYTHON, else the first python3 that has NumPy (the demo's and a
 # row's), else any: a GPU image's python3 with NumPy is often not /usr/bin's.

@@ -12,7 +12,7 @@
 # cached under $MNEMOSYNE_ROOTFS_CACHE (default /var/cache/mnemosyne/rootfs):
 # a few minutes the first time on a machine, nothing after. trixie also keeps
 # the CUDA 12.4 headers of its nvidia-cuda-dev package (non-free) in
-# /opt/cuda-12.4/include: only the headers are kept, not the 900 MB package.
+# /opt/cuda-12.4/include (only the headers, not the 900 MB package).
 # The mirror is the one this machine's apt sources name. Needs root,
 # debootstrap and unshare.
 #

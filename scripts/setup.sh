@@ -47,7 +47,7 @@ if [ $build_only -eq 1 ]; then
   need "ninja" "command -v ninja || command -v samu" ninja-build ninja-build ninja
   need "pkg-config" "command -v pkg-config || command -v pkgconf" pkg-config pkgconf-pkg-config pkg-config
   need "nlohmann-json's headers (nlohmann/json.hpp)" \
-    "[ -n '$cxx' ] && printf '#include <nlohmann/json.hpp>\\nint main() {}\\n' | '$cxx' -x c++ -std=c++2a -fsyntax-only -" \
+    "[ -n '$cxx' ] && printf '#include <nlohmann/json.hpp>\\nint main() {}\\n' | '$cxx' -x c++ -E - -o /dev/null" \
     nlohmann-json3-dev json-devel nlohmann_json-devel
   need "tar and xz (to unpack mimalloc's source)" "command -v tar && command -v xz" xz-utils xz xz
 
