@@ -67,8 +67,24 @@ row trixie "Debian 13, CUDA 13.0: a forked python3 over the double" fork build
 row trixie "Debian 13, CUDA 12.4 (nvidia-cuda-dev): build, unit tests" unit build-124 /opt/cuda-12.4
 row trixie "Debian 13, CUDA 12.4: a forked python3 over the double" fork build-124
 row trixie "Debian 12's library in Debian 13: a forked python3" preload "$host_build" build
+
+# This machine's library built to load on an older glibc too
+# (-Dglibc_compat=true), from a fresh clone, for the last row.
+compat_start=$SECONDS
+git clone -q "$root" "$work/src12"
+if (cd "$work/src12" && export CCACHE_BASEDIR="$work/src12" CCACHE_NOHASHDIR=true &&
+      meson setup "$work/build12" -Dtests=false -Dglibc_compat=true &&
+      ninja -C "$work/build12" interpose/libmnemosyne.so) >"$work/build12.log" 2>&1; then
+  printf 'elsewhere: %-58s ok (%d s)\n' "Debian 12, -Dglibc_compat=true: the library" \
+    $((SECONDS - compat_start))
+else
+  printf 'elsewhere: %-58s FAILED (%d s):\n' "Debian 12, -Dglibc_compat=true: the library" \
+    $((SECONDS - compat_start))
+  tail -30 "$work/build12.log" | sed 's/^/    /'
+  fail=1
+fi
 row bullseye "Debian 11, CUDA 13.0: the README's first command" first-use
 row bullseye "Debian 11, CUDA 13.0: unit tests" unit build
 row bullseye "Debian 11, CUDA 13.0: a forked python3 over the double" fork build
-row bullseye "Debian 12's library in Debian 11: a forked python3" preload "$host_build" build
+row bullseye "Debian 12's library (glibc_compat) in Debian 11: a forked python3" preload "$work/build12" build
 exit $fail

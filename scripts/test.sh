@@ -104,7 +104,16 @@ PY
 status=0
 windows_job() {
   phase "== Windows: mnemosyne.dll and the injector (mingw-w64), tests under wine"
-  configure build-win --cross-file scripts/cross/mingw-w64.ini
+  local cross=(--cross-file scripts/cross/mingw-w64.ini)
+  if command -v ccache >/dev/null && [ ! -f build-win/build.ninja ]; then
+    # meson puts ccache before the compilers it finds, not a cross file's:
+    # a second cross file names them through it.
+    local through_ccache="$root/build-win.ccache.ini"
+    printf "[binaries]\nc = ['ccache', 'x86_64-w64-mingw32-gcc-posix']\ncpp = ['ccache', 'x86_64-w64-mingw32-g++-posix']\n" \
+      >"$through_ccache"
+    cross+=(--cross-file "$through_ccache")
+  fi
+  configure build-win "${cross[@]}"
   ninja -C build-win
   # A fresh WINEPREFIX for every run, made once here and shared by the tests
   # (meson runs the double's self-test through wine with it too).
@@ -240,7 +249,7 @@ if [ $quick -eq 0 ]; then
   if [ -z "$line" ]; then
     echo "install: the README has no install line"; status=1; failed=$((failed + 1))
   elif git clone -q "$root" "$fresh/src" &&
-       (cd "$fresh/src" && eval "${line/--prefix=*([^ ])/--prefix=$fresh/prefix}" >"$fresh/log" 2>&1) &&
+       (cd "$fresh/src" && export CCACHE_BASEDIR="$fresh/src" && eval "${line/--prefix=*([^ ])/--prefix=$fresh/prefix}" >"$fresh/log" 2>&1) &&
        "$fresh/prefix/bin/mnemosyne" run --backend host -- python3 -c 'print("installed")' |
          grep -qx installed; then
     echo "install: ok ($line)"; passed=$((passed + 1))
