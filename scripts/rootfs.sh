@@ -9,12 +9,14 @@
 # generation of Ubuntu 20.04/22.04 and RHEL 8/9) or trixie (Debian 13: glibc
 # 2.41, GCC 14), or any suite debootstrap knows. Each is debootstrap's
 # minbase plus what building mnemosyne and its unit tests needs, and is
-# cached under $MNEMOSYNE_ROOTFS_CACHE (default /var/cache/mnemosyne/rootfs):
+# cached under $ROOTFS_CACHE (default /var/cache/mnemosyne/rootfs):
 # a few minutes the first time on a machine, nothing after. trixie also keeps
 # the CUDA 12.4 headers of its nvidia-cuda-dev package (non-free) in
 # /opt/cuda-12.4/include (only the headers, not the 900 MB package).
-# The mirror is the one this machine's apt sources name. Needs root,
-# debootstrap and unshare.
+# The mirror is the one this machine's apt sources name, or ROOTFS_MIRROR
+# (a release that has left it, as Debian 11 will for its archive). Not
+# MNEMOSYNE_* variables: the preloaded library warns about names it does not
+# know, and the suite runs it. Needs root, debootstrap and unshare.
 #
 # `run` mounts /proc, /dev and /tmp (a tmpfs) in a mount namespace of its
 # own, so nothing stays mounted when it ends, and binds BIND_DIRS (a
@@ -24,7 +26,7 @@
 set -euo pipefail
 
 say() { printf 'rootfs: %s\n' "$*" >&2; }
-cache=${MNEMOSYNE_ROOTFS_CACHE:-/var/cache/mnemosyne/rootfs}
+cache=${ROOTFS_CACHE:-/var/cache/mnemosyne/rootfs}
 # ccache: meson uses it when it is there, as on many users' machines; its
 # cache (builder's, inside the root filesystem) outlives the clones, so the
 # phase's builds after the first compile only what changed.
@@ -34,6 +36,7 @@ packages=build-essential,meson,ninja-build,pkg-config,nlohmann-json3-dev,xz-util
 version=1
 
 mirror() {  # the Debian mirror this machine's apt uses (not its security one)
+  if [ -n "${ROOTFS_MIRROR:-}" ]; then echo "$ROOTFS_MIRROR"; return; fi
   local uri
   uri=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | sed -n 's/^URIs:[[:space:]]*//p' |
           tr ' ' '\n' | grep -v security | head -1 || true)
