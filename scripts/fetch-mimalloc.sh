@@ -103,13 +103,18 @@ accept_tree() {  # dir, what (for messages)
     reasons+=("$what: not mimalloc v2.0.9 (content tree $got, not $tree)")
     return 1
   fi
+  keep_pristine "$dir" "$what"
+}
+
+# Keeps a checked source as the copy later runs start from.
+keep_pristine() {  # dir, what (for messages)
   rm -rf "$pristine.partial"
   mkdir -p "$pkgcache"
-  cp -a "$dir" "$pristine.partial"
+  cp -a "$1" "$pristine.partial"
   echo "$tree" >"$pristine.partial/$stamp_name"
   rm -rf "$pristine"
   mv "$pristine.partial" "$pristine"
-  say "mimalloc source: $what"
+  say "mimalloc source: $2"
 }
 
 from_tarball() {  # file, what
@@ -128,9 +133,7 @@ from_tarball() {  # file, what
   fi
   if [ $have_git -eq 0 ] && [ "$(basename "$file")" = "$debian_tarball" ]; then
     # Checked by its hash above: Debian's layout already.
-    rm -rf "$pristine"; mkdir -p "$pkgcache"; cp -a "${top[0]}" "$pristine"
-    echo "$tree" >"$pristine/$stamp_name"
-    say "mimalloc source: $what"; return 0
+    keep_pristine "${top[0]}" "$what"; return 0
   fi
   accept_tree "${top[0]}" "$what"
 }
