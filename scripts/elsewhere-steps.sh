@@ -14,11 +14,24 @@
 # here), BUNDLE (upstream mimalloc's git bundle, standing in for the network).
 set -euo pipefail
 cd "$SRC"
-# ccache (installed there): compiled objects are reused across fresh clones.
-export CCACHE_BASEDIR="$SRC" CCACHE_NOHASHDIR=true
+# ccache (installed there): compiled objects are reused across fresh clones,
+# from builder's cache, which outlives the rows.
+export CCACHE_BASEDIR="$SRC" CCACHE_NOHASHDIR=true CCACHE_DIR="$HOME/.cache/ccache"
+# Everything else a row writes in a home of its own, as a new user's: the
+# root filesystem is cached across runs, and a setting one run left in
+# builder's home (the bundle's path in another checkout, which is not bound
+# in this run) would decide what this one fetches.
+HOME=$(mktemp -d /tmp/home.XXXXXX)
+export HOME
 # Upstream's repository is the bundle here: git itself redirects, so the
 # build fetches as it would from the network.
 git config --global url."$BUNDLE".insteadOf https://github.com/microsoft/mimalloc.git
+
+# On a failure, the end of the log that says why.
+tail_log() {  # file
+  echo "--- the end of $1:"
+  tail -25 "$1" 2>/dev/null || echo "(none)"
+}
 
 # What a forked child must read: 64 MiB of heap the parent filled.
 FORK_PY='
@@ -57,7 +70,8 @@ PY
 case "$1" in
   first-use)
     export CUDA_PATH="$CUDA13"
-    out=$(scripts/mnemosyne run --backend host -- python3 -c 'print("ran under mnemosyne")')
+    out=$(scripts/mnemosyne run --backend host -- python3 -c 'print("ran under mnemosyne")') ||
+      { tail_log build-first-use.log; exit 1; }
     [ "$out" = "ran under mnemosyne" ] || { echo "output: $out"; exit 1; }
     grep 'setup: mimalloc source:' build-first-use.log | head -1
     echo "result: built by $(c++ --version | head -1), meson $(meson --version); $(grep -o 'mimalloc source: [a-z]*' build-first-use.log | head -1)"
@@ -65,8 +79,8 @@ case "$1" in
   unit)
     dir=$2
     export CUDA_PATH="${3:-$CUDA13}"
-    if [ -f "$dir/build.ninja" ]; then meson setup --reconfigure "$dir" -Dtests=true >"$dir.log"
-    else meson setup "$dir" -Dtests=true >"$dir.log"; fi
+    if [ -f "$dir/build.ninja" ]; then set -- --reconfigure; else set --; fi
+    meson setup "$@" "$dir" -Dtests=true >"$dir.log" 2>&1 || { tail_log "$dir.log"; exit 1; }
     headers=$(sed -n 's/^Message: CUDA headers: //p' "$dir.log")
     version=$(sed -n 's/^#define CUDA_VERSION \([0-9]*\).*/\1/p' "$headers/cuda.h")
     # What the unit tests run and what they load (their depends: the
