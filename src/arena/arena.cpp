@@ -564,12 +564,6 @@ bool start(const Config& cfg, StartReport* report) noexcept {
   // Every user byte comes from arenas this file adds; options a user could
   // set through MIMALLOC_* that would take OS memory behind the backend's
   // back, or release arena memory at exit, are forced off.
-#if !defined(_WIN32)
-  // The fork image's release (fork_copy.cpp, Linux) rides on mimalloc's
-  // heartbeat.
-  mi_register_deferred_free(
-      [](bool, unsigned long long, void*) noexcept { release_idle_fork_image(); }, nullptr);
-#endif
   mi_option_set(mi_option_limit_os_alloc, 1);
   mi_option_set(mi_option_reserve_os_memory, 0);
   mi_option_set(mi_option_reserve_huge_os_pages, 0);

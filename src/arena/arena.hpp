@@ -188,8 +188,8 @@ void close_fork_gate() noexcept;
 void open_fork_gate() noexcept;
 // Closes the image kept for the children of forks that follow each other
 // once no fork has come for the reuse window (fork_copy.cpp); the children
-// that map it keep it. From mimalloc's heartbeat (the allocation slow path):
-// cheap when there is nothing to release. Linux only.
+// that map it keep it. From mimalloc's heartbeat (the allocation slow path),
+// which calls it only while a base is kept (fork_copy.cpp). Linux only.
 void release_idle_fork_image() noexcept;
 // Starts the threads that help a fork copy a large heap (fork_helpers.hpp)
 // once the segments a child would lack reach 256 MiB; cheap after that.

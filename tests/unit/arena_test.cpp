@@ -1759,6 +1759,39 @@ TEST(Arena, TheForkImageIsKeptAsLongAsConfigured) {
   }
 }
 
+// The kept image is released by the first allocation that takes mimalloc's
+// slow path once the keep has passed (mimalloc's heartbeat, which calls
+// mnemosyne only while an image is kept: fork_copy.cpp), and a later fork
+// that keeps one again is released the same way.
+TEST(Arena, AnIdleForkImageIsReleasedByTheNextAllocations) {
+  IN_FRESH_PROCESS({
+    arena::Config cfg = config(BackendId::unified);
+    cfg.fork_keep_ns = 100'000'000;  // 100 ms
+    ASSERT_TRUE(start_arena(cfg));
+    auto* p = static_cast<unsigned char*>(arena::alloc(kMiB));
+    ASSERT_NE(p, nullptr);
+    std::memset(p, 7, kMiB);
+    for (int round = 0; round < 2; ++round) {
+      SCOPED_TRACE("fork " + std::to_string(round + 1));
+      arena::prepare_fork();
+      const pid_t pid = fork();
+      if (pid == 0) _exit(arena::child_after_fork() && p[kMiB - 1] == 7 ? 0 : 12);
+      arena::parent_after_fork();
+      expect_child_passed(pid);
+      EXPECT_EQ(fork_images(), 1) << "the image kept after the fork";
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      // Blocks of many sizes: each size's first block takes the slow path.
+      std::vector<void*> blocks;
+      for (std::size_t size = 16; size <= 64 * 1024; size += size / 4) {
+        for (int i = 0; i < 64; ++i) blocks.push_back(arena::alloc(size));
+      }
+      EXPECT_EQ(fork_images(), 0) << "the idle image was not released";
+      for (void* b : blocks) arena::free(b, owner_tag(b));
+    }
+    arena::free(p, owner_tag(p));
+  });
+}
+
 // From here on, madvise(MADV_DONTFORK) fails with EINVAL in this process (a
 // seccomp filter), as on a kernel that refuses it for a mapping.
 bool refuse_dont_fork() {
