@@ -54,24 +54,30 @@ other:
 // count after it, or every check, both free_slow's. The route is tested in
 // memory, as malloc's mode is.
 //
-// The entry is the chunk's of the pointer's low 47 bits, with no bounds test:
-// on x86-64 Linux every address a process is given without asking lies
-// below 2^47 (the kernel's 5-level paging document, "User space": mmap
-// returns an address above only for a hint above), so every block any
-// allocator in the process returned has its own entry. Only a pointer no
-// allocator returned (a mapping the program placed above 2^47 with a hint
-// itself, a wild pointer) can alias another chunk's entry, and free() of
-// such a pointer is undefined with any allocator: it crashes glibc's too.
+// The entry is the chunk's of the pointer, with no bounds test: on x86-64
+// Linux every address a process is given without asking lies below 2^47
+// (the kernel's 5-level paging document, "User space": mmap returns an
+// address above only for a hint above), so every block any allocator in
+// the process returned has its own entry. Only a pointer no allocator
+// returned (a mapping the program placed above 2^47 with a hint itself, a
+// wild pointer, a pointer tagged under LAM) indexes past the map, and free()
+// of such a pointer is undefined with any allocator: it crashes glibc's too
+// (ownership_map.hpp). Elsewhere (aarch64 places mappings up to 2^48) the
+// bounded index, 0 beyond the map: chunk 0 is never an arena's.
 inline void fast_free(void* ptr) noexcept {
-  const std::uintptr_t chunk = owner_chunk_unchecked(ptr);
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  const std::uintptr_t chunk = owner_chunk_unchecked(ptr);
   asm goto("testb %[fast], %[entry]\n\tje %l[other]"
            :
            : [entry] "m"(g_owner_map[chunk]), [fast] "i"(kOwnerFastFree)
            : "cc"
            : other);
 #else
-  if (__builtin_expect((owner_tag(ptr) & kOwnerFastFree) == 0, 0)) goto other;
+  std::uintptr_t chunk = reinterpret_cast<std::uintptr_t>(ptr) >> kSegmentShift;
+  if (chunk >= kOwnerMapEntries) chunk = 0;
+  if (__builtin_expect((g_owner_map[chunk].load(std::memory_order_relaxed) & kOwnerFastFree) == 0,
+                       0))
+    goto other;
 #endif
   // No arena lies in the map's chunk 0: mimalloc's test for nullptr goes.
   if (reinterpret_cast<std::uintptr_t>(ptr) < kSegmentAlign) __builtin_unreachable();
