@@ -322,6 +322,50 @@ def instructions(argv, env):
     return int(m.group(1)) if m and p.returncode == 0 else None
 
 
+# The fast path: churn-bare (bench/workloads.cpp) counted at two scales, the
+# difference divided by the pairs between them, so that start-up (the
+# library's, the driver's) is left out and a change of a few instructions
+# per malloc+free shows as itself. Scales: pairs = 2,000,000 x scale.
+FAST_PATH_SCALES = (1.0, 3.0)
+FAST_PATH_QUICK_SCALES = (0.25, 0.75)
+
+
+def fast_path(allocs, base_env, binary, quick):
+    """Instructions per malloc+free pair, start-up apart, per allocator."""
+    low, high = FAST_PATH_QUICK_SCALES if quick else FAST_PATH_SCALES
+    pairs = 2_000_000 * (high - low)
+    rows = []
+    for alloc, extra in allocs:
+        if alloc == "naive":
+            continue  # a driver call per malloc: not a fast path
+        env = {**base_env, **extra}
+        a = instructions([binary, "churn-bare", f"{low:g}"], env)
+        b = instructions([binary, "churn-bare", f"{high:g}"], env)
+        if a is None or b is None:
+            print(f"bench: fast path under {alloc}: callgrind failed", flush=True)
+            continue
+        rows.append({"allocator": alloc, "per_pair": (b - a) / pairs})
+    base = next((r["per_pair"] for r in rows if r["allocator"] == "mimalloc"), None)
+    for r in rows:
+        r["ratio"] = r["per_pair"] / base if base else None
+    print("fast path: " + "  ".join(f"{r['allocator']} {r['per_pair']:.1f}" for r in rows), flush=True)
+    return rows
+
+
+def fast_path_section(rows):
+    if not rows:
+        return []
+    md = ["## Fast path (callgrind): instructions per malloc+free pair", "",
+          "churn-bare (1,024 live blocks of 8 to 1,023 bytes, one byte written to each), "
+          "counted at two scales; the difference over the pairs between them, so that "
+          "start-up is left out. The loop's own instructions are in every row.", "",
+          "| allocator | per pair | ratio to mimalloc |", "|---|---|---|"]
+    for r in rows:
+        ratio = f"{r['ratio']:.3f}x" if r["ratio"] else "-"
+        md.append(f"| {r['allocator']} | {r['per_pair']:.1f} | {ratio} |")
+    return md + [""]
+
+
 # The Windows table: workload, scale, quick scale. What the injected DLL's
 # fast path costs, measured under wine (no tool here counts a Windows
 # program's instructions: valgrind does not run wine, and this machine's
@@ -537,6 +581,9 @@ def main():
             rows.append(row)
         line = "  ".join(f"{r['allocator']} {r['wall_s']:.3f}s" for r in rows if r["workload"] == name)
         print(f"{name}: {line}", flush=True)
+    fast = None
+    if not a.only or "fast-path" in a.only.split(","):
+        fast = fast_path(allocs, base_env, binary, a.quick)
     starts = None
     if not a.only or "startup" in a.only.split(","):
         starts = startup(allocs, base_env, build, fake, runs, a.quick)
@@ -548,7 +595,7 @@ def main():
         windows = windows_table(os.path.abspath(a.windows_build), runs, a.quick)
     elapsed = time.monotonic() - started
     shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks, windows)
+    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks, windows, fast)
     if failures:
         print(f"bench: {failures} run(s) failed (above); their rows are missing")
     return 1 if failures else 0
@@ -744,14 +791,22 @@ def write_windows(out, windows, quick):
                 f.write(text)
 
 
-def write_results(out, rows, runs, quick, elapsed, starts, forks, windows):
+def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=None):
     os.makedirs(out, exist_ok=True)
     if forks:
         write_forks(out, forks, runs)
     if windows:
         write_windows(out, windows, quick)
-    if not rows:  # only the fork or windows section was asked for (--only fork,windows)
-        md = (fork_section(forks) if forks else []) + (windows_section(windows) if windows else [])
+    if fast:
+        with open(os.path.join(out, "fastpath.csv"), "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=["allocator", "per_pair", "ratio"])
+            w.writeheader()
+            for r in fast:
+                w.writerow({"allocator": r["allocator"], "per_pair": f"{r['per_pair']:.2f}",
+                            "ratio": f"{r['ratio']:.4f}" if r["ratio"] else ""})
+    if not rows:  # only the fork, fast-path or windows section was asked for (--only)
+        md = ((fast_path_section(fast) if fast else []) + (fork_section(forks) if forks else []) +
+              (windows_section(windows) if windows else []))
         print("\n".join(md) if md else "bench: nothing ran")
         return
     fields = ["workload", "allocator", "runs", "wall_s", "cpu_s", "peak_rss_kib",
@@ -799,6 +854,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks, windows):
     if calls:
         md += ["Driver allocations (test double) per run, mnemosyne-unified: " +
                ", ".join(f"{r['workload']} {r['driver_allocations']}" for r in calls) + ".", ""]
+    md += fast_path_section(fast)
     md += stats_section(rows)
     md += call_section(rows)
     if starts:

@@ -101,6 +101,29 @@ std::uint64_t churn(double scale) {
   return sum;
 }
 
+// The allocator's fast path and little else: churn's pattern (1,024 live
+// blocks of 8..1,023 bytes, each slot's block freed and replaced) with one
+// random number per pair, masks for divisions and one byte written per
+// block, so that the instructions of malloc and free are most of what runs
+// (about 20 of the loop's own per pair). scripts/bench.sh counts it at two
+// scales and takes the difference: start-up apart, per pair.
+std::uint64_t churn_bare(double scale) {
+  const long ops = static_cast<long>(2'000'000 * scale);
+  void* live[1024] = {};
+  Rng r{42};
+  std::uint64_t sum = 0;
+  for (long i = 0; i < ops; ++i) {
+    const std::uint64_t x = r.next();
+    void*& slot = live[x & 1023];
+    heap::free(slot);
+    slot = must(heap::malloc(8 + ((x >> 10) & 1015)));
+    *static_cast<volatile unsigned char*>(slot) = static_cast<unsigned char>(i);
+    sum += reinterpret_cast<std::uintptr_t>(slot) & 0xff;
+  }
+  for (void* p : live) heap::free(p);
+  return sum;
+}
+
 // Server-style churn across threads (larson-like): each thread replaces
 // random blocks of its own array, and every round hands its array to the
 // next thread, so blocks are freed by threads that did not allocate them.
@@ -356,10 +379,11 @@ std::uint64_t impossible(double scale) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr,
-                 "usage: workloads NAME [SCALE]; NAME: churn larson xmalloc cache-scratch "
-                 "malloc-simple malloc-thread realloc-chains large threads-200 calloc-large "
-                 "realloc-grow impossible\n");
+    std::fprintf(
+        stderr,
+        "usage: workloads NAME [SCALE]; NAME: churn churn-bare larson xmalloc cache-scratch "
+        "malloc-simple malloc-thread realloc-chains large threads-200 calloc-large "
+        "realloc-grow impossible\n");
     return 2;
   }
 #ifdef WORKLOADS_MIMALLOC
@@ -373,6 +397,8 @@ int main(int argc, char** argv) {
   const auto started = std::chrono::steady_clock::now();
   if (name == "churn") {
     sum = churn(scale);
+  } else if (name == "churn-bare") {
+    sum = churn_bare(scale);
   } else if (name == "larson") {
     sum = larson(scale);
   } else if (name == "xmalloc") {
