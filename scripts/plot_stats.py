@@ -9,7 +9,10 @@ one JSON object:
                 "pools": [{"name": "unified", "bytes_reserved": N, "bytes_peak": N,
                            "driver_calls": N, ...}, ...]}, ...]}
 
-Top panel: bytes reserved from the backend and peak live bytes per pool (MiB).
+Top panel, per pool (MiB): the memory the backend took from the driver
+(bytes_backed_peak, and bytes_backed at exit), the peak of live bytes the
+program held, and, hatched and apart, the address space reserved
+(bytes_reserved), which is not memory.
 Bottom panel: driver calls per pool. Exit status 3 when matplotlib cannot be
 imported (the launcher then adds nothing to this script's message), 1 on any
 other failure.
@@ -38,23 +41,31 @@ def main():
     files = data["files"]
     several = len(files) > 1
 
-    labels, reserved, peak, calls = [], [], [], []
+    labels, backed_peak, backed, peak, reserved, calls = [], [], [], [], [], []
     for f in files:
         for pool in f["pools"]:
             labels.append(f"{f['label']}\n{pool['name']}" if several else pool["name"])
-            reserved.append(pool.get("bytes_reserved", 0) / 2**20)
+            backed_peak.append(pool.get("bytes_backed_peak", 0) / 2**20)
+            backed.append(pool.get("bytes_backed", 0) / 2**20)
             peak.append(pool.get("bytes_peak", 0) / 2**20)
+            reserved.append(pool.get("bytes_reserved", 0) / 2**20)
             calls.append(pool.get("driver_calls", 0))
 
-    width = max(6.0, 1.1 * len(labels) + 2)
+    width = max(6.0, 1.4 * len(labels) + 2)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(width, 7), sharex=True)
     positions = list(range(len(labels)))
-    bar = 0.38
-    top.bar([p - bar / 2 for p in positions], reserved, bar, label="bytes reserved")
-    top.bar([p + bar / 2 for p in positions], peak, bar, label="bytes peak (live)")
+    bar = 0.2
+    top.bar([p - 1.5 * bar for p in positions], backed_peak, bar, color="tab:blue",
+            label="memory, peak (taken from the driver)")
+    top.bar([p - 0.5 * bar for p in positions], backed, bar, color="tab:cyan",
+            label="memory at exit")
+    top.bar([p + 0.5 * bar for p in positions], peak, bar, color="tab:orange",
+            label="live blocks, peak (what the program held)")
+    top.bar([p + 1.5 * bar for p in positions], reserved, bar, fill=False, hatch="//",
+            edgecolor="tab:gray", label="address space reserved (not memory)")
     top.set_ylabel("MiB")
     top.set_title("mnemosyne: memory per pool")
-    top.legend()
+    top.legend(fontsize="small")
     bottom.bar(positions, calls, 0.6, color="tab:green")
     bottom.set_ylabel("driver calls")
     bottom.yaxis.set_major_locator(MaxNLocator(integer=True))

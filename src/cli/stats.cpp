@@ -48,7 +48,11 @@ constexpr Counter kCounters[] = {
     {"bytes_live", "live", false},
     {"bytes_peak", "peak", false},
     {"segments", "segments", false},
-    {"bytes_reserved", "reserved", false},
+    // What the pool took from the driver (backed), at exit and at its peak:
+    // the memory a user pays. Reserved is address space, most never backed.
+    {"bytes_backed", "memory", false},
+    {"bytes_backed_peak", "memory_peak", false},
+    {"bytes_reserved", "reserved_va", false},
     {"driver_calls", "drv_calls", false},
     {"driver_failures", "drv_failures", false},
     {"driver_ms", "drv_ms", true},
@@ -325,7 +329,13 @@ void print_table(const StatsFile& f) {
     }
     std::printf("%s\n", line.c_str());
   }
-  if (rows.empty()) std::printf("  (no pool served or reserved anything)\n");
+  if (rows.empty()) {
+    std::printf("  (no pool served or reserved anything)\n");
+  } else {
+    std::printf(
+        "  memory: bytes the backend took from the driver (at exit; memory_peak: the most at "
+        "once); reserved_va: address space, not memory\n");
+  }
   std::string fallbacks = "  fallbacks to the system allocator: ";
   fallbacks += f.fallbacks_known ? std::to_string(f.fallbacks) : "-";
   if (!f.fallback_reason.empty()) fallbacks += " (first reason: " + f.fallback_reason + ")";

@@ -163,8 +163,12 @@ std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* b
     w.put("mnemosyne: the %s backend was unavailable: %s\n", backend_name(ctx.requested),
           ctx.unavailable);
   }
-  w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s %5s %14s %7s %10s\n", "pool", "allocs", "frees",
-        "requested", "live", "peak", "segs", "reserved", "calls", "driver ms");
+  // "memory" is what the backend holds (backed: registered or allocated
+  // from the driver), now and at its peak; "reserved VA" is address space,
+  // most of it never backed: a pool reserves far more than it uses.
+  w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s %5s %14s %14s %14s %7s %10s\n", "pool", "allocs",
+        "frees", "requested", "live", "peak", "segs", "memory", "memory peak", "reserved VA",
+        "calls", "driver ms");
   for (int i = 0; i < snap.count; ++i) {
     const Pool& p = snap.pools[i];
     if (ctx.counting) {
@@ -177,7 +181,8 @@ std::size_t format_table(const ReportContext& ctx, const Snapshot& snap, char* b
     } else {
       w.put("mnemosyne: %-8s %12s %12s %14s %14s %14s", p.name, "-", "-", "-", "-", "-");
     }
-    w.put(" %5llu %14llu %7llu %10.3f\n", static_cast<unsigned long long>(p.segments),
+    w.put(" %5llu %14llu %14llu %14llu %7llu %10.3f\n", static_cast<unsigned long long>(p.segments),
+          static_cast<unsigned long long>(p.backed), static_cast<unsigned long long>(p.backed_peak),
           static_cast<unsigned long long>(p.reserved),
           static_cast<unsigned long long>(p.driver_calls), p.driver_ms);
   }

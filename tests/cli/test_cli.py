@@ -9,6 +9,7 @@ meson.build); the MNEMOSYNE_TEST_ prefix is one the library ignores.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -65,7 +66,8 @@ STATS_GOOD = {
         "unified": {
             "allocations": 1200, "frees": 1100,
             "bytes_requested": 73400320, "bytes_live": 1048576, "bytes_peak": 9437184,
-            "segments": 2, "bytes_reserved": 201326592,
+            "segments": 2, "bytes_reserved": 201326592, "bytes_backed": 41943040,
+            "bytes_backed_peak": 52428800,
             "driver_calls": 4, "driver_failures": 1, "driver_ms": 0.21,
             "advice_failures": 0, "a_later_key": [1, {"x": None}],
         },
@@ -177,6 +179,29 @@ class RunTests(Base):
                     "print(lib.mnemosyne_active_backend().decode()); sys.exit(7)"])
         self.assertEqual(r.returncode, 7, r.stderr)
         self.assertEqual(r.stdout.strip(), "pinned")
+
+    def test_exit_table_shows_memory(self):
+        """--stats: the table at exit shows the memory taken from the driver
+        (now and at its peak) beside the address space reserved, labelled."""
+        stats = os.path.join(self.tmp, "run.json")
+        r = launch(["run", "--backend", "pinned", "--cuda-driver", FAKE, "--stats",
+                    "--stats-file", stats, "--", PYTHON, "-c",
+                    "blocks = [bytearray(1 << 20) for _ in range(40)]; del blocks[20:]"])
+        self.assertEqual(r.returncode, 0, r.stderr)
+        lines = [line for line in r.stderr.splitlines() if line.startswith("mnemosyne: ")]
+        header = next(line for line in lines if line.split()[1:2] == ["pool"])
+        columns = re.split(r"\s{2,}", header[len("mnemosyne: "):].strip())
+        self.assertEqual(columns[7:10], ["memory", "memory peak", "reserved VA"], header)
+        pinned = next(line for line in lines if line.split()[1:2] == ["pinned"]).split()[1:]
+        memory, memory_peak, reserved = (int(v) for v in pinned[7:10])
+        with open(stats) as f:
+            pool = json.load(f)["pools"]["pinned"]
+        self.assertEqual((memory, memory_peak, reserved),
+                         (pool["bytes_backed"], pool["bytes_backed_peak"], pool["bytes_reserved"]))
+        # 40 MiB held at once: the peak memory covers it, at most the reserve.
+        self.assertGreaterEqual(memory_peak, 40 << 20)
+        self.assertLessEqual(memory, memory_peak)
+        self.assertLessEqual(memory_peak, reserved)
 
     def test_exit_status(self):
         self.assertEqual(launch(["run", "--", "/bin/sh", "-c", "exit 0"]).returncode, 0)
@@ -329,10 +354,22 @@ class StatsTests(Base):
         unified = next(line for line in out.splitlines() if line.strip().startswith("unified"))
         for number in ("1200", "1100", "73400320", "1048576", "9437184", "201326592", "0.210"):
             self.assertIn(number, unified.split())
-        self.assertEqual(unified.split()[1:10],
-                         ["1200", "1100", "73400320", "1048576", "9437184", "2", "201326592",
-                          "4", "1"])
-        self.assertIn("17", out)  # fallbacks
+        # Memory taken from the driver (at exit, peak) beside the address
+        # space reserved, each under a label that says which is memory.
+        header = next(line for line in out.splitlines() if line.strip().startswith("pool"))
+        self.assertEqual(header.split()[1:12],
+                         ["allocations", "frees", "requested", "live", "peak", "segments",
+                          "memory", "memory_peak", "reserved_va", "drv_calls", "drv_failures"])
+        self.assertEqual(unified.split()[1:12],
+                         ["1200", "1100", "73400320", "1048576", "9437184", "2", "41943040",
+                          "52428800", "201326592", "4", "1"])
+        self.assertRegex(out, r"memory: bytes the backend took from the driver.*reserved_va: "
+                              r"address space, not memory")
+        # A file written before the backed bytes were kept: "-" there.
+        system = next(line for line in out.splitlines() if line.strip().startswith("system"))
+        self.assertEqual(system.split()[7:10], ["-", "-", "0"])
+        self.assertEqual(out.count("fallbacks to the system allocator"), 1, out)
+        self.assertIn("fallbacks to the system allocator: 17", out)
         self.assertIn("the driver is out of memory", out)
 
     def test_several_files(self):
