@@ -804,6 +804,10 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=
             for r in fast:
                 w.writerow({"allocator": r["allocator"], "per_pair": f"{r['per_pair']:.2f}",
                             "ratio": f"{r['ratio']:.4f}" if r["ratio"] else ""})
+        with open(os.path.join(out, "fastpath.md"), "w") as f:
+            f.write(f"# Fast path, {datetime.date.today().isoformat()}\n\nMachine: {machine_line()}."
+                    f"{' Quick run (small scales).' if quick else ''}\n\n" +
+                    "\n".join(fast_path_section(fast)[1:]))
     if not rows:  # only the fork, fast-path or windows section was asked for (--only)
         md = ((fast_path_section(fast) if fast else []) + (fork_section(forks) if forks else []) +
               (windows_section(windows) if windows else []))

@@ -634,13 +634,103 @@ PY
 fi
 say ""
 
+# ---------------------------------------------------------------- 10. what the heap buys
+# What a heap in driver memory buys a program that moves its data to the GPU
+# (issue 48): a 256 MiB malloc'd block under each heap, glibc's first
+# (pageable memory, which the driver stages through a buffer of its own),
+# against a cuMemHostAlloc buffer (the reference: what cudaHostAlloc gives).
+# gpu_probe gains: copy bandwidth both ways, an asynchronous copy beside
+# kernels on another stream (overlap 1: they ran together; and how long
+# the copy's call took to return), a kernel on the block in place against
+# the block copied into cuMemAlloc memory first. Then PyTorch's
+# tensor.to("cuda", non_blocking=True) of a 256 MiB CPU tensor, where
+# PyTorch with CUDA is installed.
+say "## 10. What the heap buys: copies and kernels"
+say ""
+gains_rows=""
+for heap in none pinned pinned+vmm unified device; do
+  status=$(run_step "gains-$heap" 120 "$heap" "$probe" gains)
+  log="$logs/gains-$heap.log"
+  name=$heap
+  [ "$heap" = none ] && name="glibc (pageable)"
+  line=$(grep -m1 '^gains buffer=malloc ' "$log")
+  kernel=$(grep -m1 '^gains kernel_' "$log")
+  overlap=$(echo "$line" | field overlap)
+  if [ -z "$line" ]; then
+    why=$(grep -m1 -E '^gains (result|buffer)=' "$log" | sed 's/^gains //')
+    gains_rows="$gains_rows| $name | ${why:-no result} ($status) | | | | | |"$'\n'
+    continue
+  fi
+  gains_rows="$gains_rows| $name | $(echo "$line" | field htod_gbs) | $(echo "$line" | field dtoh_gbs) |"
+  gains_rows="$gains_rows $overlap | $(echo "$line" | field async_call_ms) of $(echo "$line" | field copy_ms) |"
+  gains_rows="$gains_rows $(echo "$kernel" | field kernel_inplace_ms) | $(echo "$kernel" | field kernel_copied_ms) |"$'\n'
+done
+reference=$(grep -m1 '^gains buffer=cuMemHostAlloc ' "$logs/gains-none.log")
+say "A 256 MiB block from malloc under each heap, copied to device memory (cuMemcpyHtoD) and back"
+say "(median of 3); copied asynchronously beside kernels on another stream that take about as long"
+say "(overlap: 1 when copy and kernels ran together, 0 when one waited for the other; and when the"
+say "copy's call returned, of the copy's time); a kernel adding 1 to every int of the block in place"
+say "(median of 3 launches after a first, which may migrate it) against the block copied into"
+say "cuMemAlloc memory and the kernel run there. The last row is a cuMemHostAlloc buffer."
+say ""
+say "| heap | to device, GB/s | to host, GB/s | async copy: overlap | its call returned after, of ms | kernel in place, ms | copied first, then the kernel, ms |"
+say "|---|---|---|---|---|---|---|"
+printf '%s' "$gains_rows" >>"$report"
+if [ -n "$reference" ]; then
+  say "| cuMemHostAlloc (reference) | $(echo "$reference" | field htod_gbs) | $(echo "$reference" | field dtoh_gbs) |" \
+      "$(echo "$reference" | field overlap) | $(echo "$reference" | field async_call_ms) of $(echo "$reference" | field copy_ms) | | |"
+fi
+say ""
+torch_py='
+import sys, time
+import torch
+if not torch.cuda.is_available():
+    print("torch result=no-cuda")
+    sys.exit(0)
+t = torch.ones(64 << 20, dtype=torch.float32)  # 256 MiB
+torch.cuda.synchronize()
+t.to("cuda", non_blocking=True)
+torch.cuda.synchronize()
+runs, calls = [], []
+for _ in range(5):
+    start = time.perf_counter()
+    g = t.to("cuda", non_blocking=True)
+    returned = time.perf_counter()
+    torch.cuda.synchronize()
+    runs.append(time.perf_counter() - start)
+    calls.append(returned - start)
+    del g
+runs.sort()
+calls.sort()
+print(f"torch gbs={(256 << 20) / runs[2] / 1e9:.2f} call_ms={calls[2] * 1e3:.2f} is_pinned={int(t.is_pinned())}")
+'
+if [ -z "$python" ] || ! "$python" -c 'import torch' >/dev/null 2>&1; then
+  say "PyTorch: not installed, so \`tensor.to(\"cuda\", non_blocking=True)\` was not measured."
+else
+  say "PyTorch: \`tensor.to(\"cuda\", non_blocking=True)\` of a 256 MiB CPU tensor (median of 5):"
+  say ""
+  say "| heap | GB/s | the call returned after, ms | tensor.is_pinned() |"
+  say "|---|---|---|---|"
+  for heap in none pinned; do
+    status=$(run_step "torch-$heap" 120 "$heap" "$python" -c "$torch_py")
+    line=$(grep -m1 '^torch ' "$logs/torch-$heap.log")
+    name=$heap
+    [ "$heap" = none ] && name="glibc (pageable)"
+    if [ -z "$(echo "$line" | field gbs)" ]; then
+      say "| $name | $(echo "$line" | sed 's/^torch //') ($status) | | |"
+    else
+      say "| $name | $(echo "$line" | field gbs) | $(echo "$line" | field call_ms) | $(echo "$line" | field is_pinned | yes_no) |"
+    fi
+  done
+fi
+say ""
 # ---------------------------------------------------------------- 10. the e2e suite
 # Last, in what is left of the run's time: tests/e2e/run_e2e.py with
 # E2E_REAL_DRIVER=1, unmodified programs under each backend, output identical
 # to their plain runs, the heap checked through each process's statistics.
 # It needs a build tree (its probes). Each row is written when its case ends,
 # so a run cut short still reports what it did.
-say "## 10. The end-to-end suite on this driver"
+say "## 11. The end-to-end suite on this driver"
 say ""
 tree=""
 for dir in "$prebuilt" "$root/build"; do

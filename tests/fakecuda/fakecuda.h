@@ -60,7 +60,7 @@ struct fakecuda_counters {
   uint64_t thread_finished;     /* 1 once the internal thread has run all its iterations */
   uint64_t pages_to_device;     /* pages fakecuda_migrate_to_device moved to the device */
   uint64_t cpu_migrations;      /* device pages a CPU touch migrated back */
-  uint64_t dtoh_calls;          /* successful cuMemcpyDtoH_v2 */
+  uint64_t dtoh_calls;          /* successful cuMemcpyDtoH_v2 and cuMemcpyDtoHAsync_v2 */
   uint64_t dtoh_bytes;          /* bytes they copied */
   uint64_t memset_calls;        /* successful cuMemsetD8Async */
   uint64_t memset_bytes;        /* bytes they set */
@@ -75,6 +75,8 @@ struct fakecuda_counters {
   uint64_t vmm_bytes;           /* bytes of cuMemCreate handles alive now (state, not reset;
                                    in live_bytes too) */
   uint64_t peak_live_bytes;     /* the most live_bytes has been (reset: to live_bytes now) */
+  uint64_t htod_calls;          /* successful cuMemcpyHtoD_v2 and cuMemcpyHtoDAsync_v2 */
+  uint64_t htod_bytes;          /* bytes they copied */
 };
 
 /* What cuMemAdvise_v2 last recorded for the managed block containing a pointer. */

@@ -507,7 +507,7 @@ FAKECUDA_API void fakecuda_reset_counters(void) {
                   &c.dtoh_calls,        &c.dtoh_bytes,      &c.memset_calls,
                   &c.memset_bytes,      &c.register_calls,  &c.unregister_calls,
                   &c.discard_calls,     &c.discard_bytes,   &c.vmm_map_calls,
-                  &c.vmm_unmap_calls})
+                  &c.vmm_unmap_calls,   &c.htod_calls,      &c.htod_bytes})
     a->store(0);
   c.peak_live_bytes.store(c.live_bytes.load());
   c.advise_last_device.store(-1);
@@ -552,4 +552,6 @@ FAKECUDA_API void fakecuda_get_counters(struct fakecuda_counters* out) {
   out->vmm_unmap_calls = c.vmm_unmap_calls.load();
   out->vmm_bytes = c.vmm_bytes.load();
   out->peak_live_bytes = c.peak_live_bytes.load();
+  out->htod_calls = c.htod_calls.load();
+  out->htod_bytes = c.htod_bytes.load();
 }

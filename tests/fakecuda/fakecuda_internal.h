@@ -87,6 +87,8 @@ struct Counters {
   std::atomic<std::uint64_t> vmm_unmap_calls{0};
   std::atomic<std::uint64_t> vmm_bytes{0};
   std::atomic<std::uint64_t> peak_live_bytes{0};
+  std::atomic<std::uint64_t> htod_calls{0};
+  std::atomic<std::uint64_t> htod_bytes{0};
 };
 extern Counters g_counters;
 

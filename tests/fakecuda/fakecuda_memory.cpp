@@ -14,7 +14,9 @@ namespace fakecuda {
 
 namespace {
 
-enum Kind : int { kManaged = 1, kHost = 2 };
+// kDevice: cuMemAlloc_v2's memory, which in the double is an anonymous
+// mapping only the copies and kernels below touch, as on a GPU.
+enum Kind : int { kManaged = 1, kHost = 2, kDevice = 3 };
 
 struct Block {
   std::uintptr_t addr;
@@ -52,7 +54,7 @@ constexpr std::size_t kAvoidAlign = 32 * kMiB;
 constexpr std::size_t kMaxAlloc = std::size_t{1} << 46;
 
 const char* kind_name(int kind) {
-  return kind == kManaged ? "managed" : "host";
+  return kind == kManaged ? "managed" : kind == kDevice ? "device" : "host";
 }
 
 std::size_t page_size() noexcept {
@@ -392,10 +394,12 @@ CUresult free_block(const char* call, std::uintptr_t p, int kind) noexcept {
   std::size_t size = 0;
   if (usable_current() == nullptr) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (long i = index_of_start(p, kind); i < 0) {
-    rc = CUDA_ERROR_INVALID_VALUE;
+  } else if (long i = index_of_start(p, kind);
+             i < 0 && (kind != kManaged || (i = index_of_start(p, kDevice)) < 0)) {
+    rc = CUDA_ERROR_INVALID_VALUE;  // cuMemFree_v2 frees managed and device memory
   } else {
     size = g_blocks[i]->size;
+    kind = g_blocks[i]->kind;
     release(std::size_t(i));
   }
   unlock();
@@ -599,7 +603,7 @@ FAKECUDA_API CUresult cuPointerGetAttribute(void* data, CUpointer_attribute attr
         break;
       case CU_POINTER_ATTRIBUTE_MEMORY_TYPE:
         *static_cast<unsigned int*>(data) =
-            b->kind == kManaged ? unsigned(CU_MEMORYTYPE_DEVICE) : unsigned(CU_MEMORYTYPE_HOST);
+            b->kind == kHost ? unsigned(CU_MEMORYTYPE_HOST) : unsigned(CU_MEMORYTYPE_DEVICE);
         break;
       case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL:
         *static_cast<int*>(data) = b->device;
@@ -808,6 +812,88 @@ FAKECUDA_API CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, 
   return CUDA_SUCCESS;
 }
 
+// ---------------------------------------------------------------- device memory
+//
+// cuMemAlloc_v2's memory and the copies to and from it (what cudaMalloc,
+// cudaMemcpy and torch's .to("cuda") use): gpu_probe gains measures them
+// over the double so that scripts/gpu-check.sh's rows are known to run. A
+// copy runs at once, on the CPU; the device side must lie in one range the
+// driver handed out (managed, pinned or device), the host side may be any
+// memory, pageable included, which the real driver stages. The Async forms
+// take a live stream handle (or none) and are synchronous here.
+
+FAKECUDA_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
+  static const char kCall[] = "cuMemAlloc_v2";
+  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
+  lock(kCall);
+  CUresult rc = CUDA_SUCCESS;
+  const Ctx* ctx = usable_current();
+  void* p = nullptr;
+  if (ctx == nullptr) {
+    rc = CUDA_ERROR_INVALID_CONTEXT;
+  } else if (dptr == nullptr || bytesize == 0) {
+    rc = CUDA_ERROR_INVALID_VALUE;
+  } else {
+    rc = allocate(kDevice, bytesize, 0, ctx, &p);
+  }
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
+  log_line("alloc kind=device ptr=0x%llx size=%zu flags=0 dev=%d rc=0",
+           static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize,
+           ctx->device);
+  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return CUDA_SUCCESS;
+}
+
+namespace {
+
+// A copy between the host pointer `host` and the device range [dev, dev+n):
+// to_device, or back. Lock held by the caller.
+CUresult copy_locked(std::uintptr_t dev, void* host, std::size_t n, bool to_device) noexcept {
+  if (usable_current() == nullptr) return CUDA_ERROR_INVALID_CONTEXT;
+  if (host == nullptr || !copyable(containing(dev), dev, n)) return CUDA_ERROR_INVALID_VALUE;
+  if (int e = g_copy_error.load(); e != 0) return static_cast<CUresult>(e);
+  if (!to_device) {
+    read_where_it_lives(host, dev, n);
+  } else if (const auto src = reinterpret_cast<std::uintptr_t>(host); containing(src) != nullptr) {
+    read_where_it_lives(reinterpret_cast<void*>(dev), src, n);  // from driver memory
+  } else {
+    memcpy(reinterpret_cast<void*>(dev), host, n);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult copy(const char* call, CUdeviceptr dev, const void* host, std::size_t n, bool to_device,
+              bool async, CUstream stream) noexcept {
+  if (CUresult rc = enter(call); rc != CUDA_SUCCESS) return rc;
+  lock(call);
+  CUresult rc = async && !stream_valid(stream)
+                    ? CUDA_ERROR_INVALID_HANDLE
+                    : copy_locked(std::uintptr_t(dev), const_cast<void*>(host), n, to_device);
+  unlock();
+  if (rc != CUDA_SUCCESS) return fail(call, rc);
+  (to_device ? g_counters.htod_calls : g_counters.dtoh_calls).fetch_add(1);
+  (to_device ? g_counters.htod_bytes : g_counters.dtoh_bytes).fetch_add(n);
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+FAKECUDA_API CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                      size_t ByteCount) {
+  return copy("cuMemcpyHtoD_v2", dstDevice, srcHost, ByteCount, true, false, nullptr);
+}
+
+FAKECUDA_API CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dstDevice, const void* srcHost,
+                                           size_t ByteCount, CUstream hStream) {
+  return copy("cuMemcpyHtoDAsync_v2", dstDevice, srcHost, ByteCount, true, true, hStream);
+}
+
+FAKECUDA_API CUresult cuMemcpyDtoHAsync_v2(void* dstHost, CUdeviceptr srcDevice, size_t ByteCount,
+                                           CUstream hStream) {
+  return copy("cuMemcpyDtoHAsync_v2", srcDevice, dstHost, ByteCount, false, true, hStream);
+}
+
 // ---------------------------------------------------------------- kernels
 //
 // The double runs one kernel, the GPU probe's (tests/gpu/gpu_probe.cpp):
@@ -873,9 +959,12 @@ FAKECUDA_API CUresult cuLaunchKernel(CUfunction f, unsigned gridDimX, unsigned g
   if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
   if (CUresult rc = sticky(kCall); rc != CUDA_SUCCESS) return rc;
   if (f != reinterpret_cast<CUfunction>(&g_function)) return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
-  if (stream != nullptr || extra != nullptr || kernelParams == nullptr)
-    return fail(kCall, CUDA_ERROR_INVALID_VALUE);
+  if (extra != nullptr || kernelParams == nullptr) return fail(kCall, CUDA_ERROR_INVALID_VALUE);
   if (current_ctx() == nullptr) return fail(kCall, CUDA_ERROR_INVALID_CONTEXT);
+  lock(kCall);
+  const bool live_stream = stream_valid(stream);
+  unlock();
+  if (!live_stream) return fail(kCall, CUDA_ERROR_INVALID_HANDLE);
   const unsigned long long threads = static_cast<unsigned long long>(gridDimX) * gridDimY *
                                      gridDimZ * blockDimX * blockDimY * blockDimZ;
   int* data = *static_cast<int**>(kernelParams[0]);

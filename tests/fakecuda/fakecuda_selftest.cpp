@@ -40,6 +40,7 @@ typedef CUresult(CUDAAPI* PFN_cuMemDiscardBatchAsync_v13000)(CUdeviceptr*, size_
 #include <sys/wait.h>
 #endif
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <vector>
@@ -153,6 +154,10 @@ struct Api {
   PFN_cuMemMap_v10020 cuMemMap = nullptr;
   PFN_cuMemUnmap_v10020 cuMemUnmap = nullptr;
   PFN_cuMemSetAccess_v10020 cuMemSetAccess = nullptr;
+  PFN_cuMemAlloc_v3020 cuMemAlloc = nullptr;
+  PFN_cuMemcpyHtoD_v3020 cuMemcpyHtoD = nullptr;
+  PFN_cuMemcpyHtoDAsync_v3020 cuMemcpyHtoDAsync = nullptr;
+  PFN_cuMemcpyDtoHAsync_v3020 cuMemcpyDtoHAsync = nullptr;
 
   fakecuda_counters counters() const {
     fakecuda_counters c{};
@@ -194,6 +199,10 @@ bool open_api(const char* path, Api* api, bool with_proc_address) {
   resolve(h, "cuStreamSynchronize", &api->cuStreamSynchronize);
   resolve(h, "cuStreamDestroy_v2", &api->cuStreamDestroy);
   resolve(h, "cuMemsetD8Async", &api->cuMemsetD8Async);
+  resolve(h, "cuMemAlloc_v2", &api->cuMemAlloc);
+  resolve(h, "cuMemcpyHtoD_v2", &api->cuMemcpyHtoD);
+  resolve(h, "cuMemcpyHtoDAsync_v2", &api->cuMemcpyHtoDAsync);
+  resolve(h, "cuMemcpyDtoHAsync_v2", &api->cuMemcpyDtoHAsync);
   resolve(h, "cuMemDiscardBatchAsync", &api->cuMemDiscardBatchAsync);
   resolve(h, "cuMemGetAllocationGranularity", &api->cuMemGetAllocationGranularity);
   resolve(h, "cuMemAddressReserve", &api->cuMemAddressReserve);
@@ -977,6 +986,49 @@ void check_residency(Api& a) {
 }
 #endif
 
+// Device memory and the copies to and from it (gpu_probe gains): device
+// memory reads as the device's, a copy round-trips its bytes from pageable
+// and driver memory, the async forms check their stream, ranges the driver
+// did not hand out are refused, and cuMemFree_v2 frees it.
+void check_device_copies(Api& a) {
+  constexpr size_t kBytes = 3 * 4096 + 100;
+  CUdeviceptr dev = 0;
+  CHECK_RC(a.cuMemAlloc(&dev, 0), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemAlloc(&dev, kBytes), CUDA_SUCCESS);
+  unsigned type = 0;
+  CHECK_RC(a.cuPointerGetAttribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE, dev + 5), CUDA_SUCCESS);
+  CHECK(type == CU_MEMORYTYPE_DEVICE);
+  std::vector<unsigned char> in(kBytes), out(kBytes);
+  for (size_t i = 0; i < kBytes; ++i) in[i] = static_cast<unsigned char>(i * 7 + 3);
+  const fakecuda_counters before = a.counters();
+  CHECK_RC(a.cuMemcpyHtoD(dev, in.data(), kBytes), CUDA_SUCCESS);  // pageable source
+  CHECK_RC(a.cuMemcpyDtoH(out.data(), dev, kBytes), CUDA_SUCCESS);
+  CHECK(out == in);
+  CHECK(a.counters().htod_calls == before.htod_calls + 1);
+  CHECK(a.counters().htod_bytes == before.htod_bytes + kBytes);
+  // From managed memory, on a stream, and back on it.
+  CUdeviceptr managed = 0;
+  CHECK_RC(a.cuMemAllocManaged(&managed, kBytes, CU_MEM_ATTACH_GLOBAL), CUDA_SUCCESS);
+  memset(reinterpret_cast<void*>(managed), 0x5c, kBytes);
+  CUstream s = nullptr;
+  CHECK_RC(a.cuStreamCreate(&s, 0), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemcpyHtoDAsync(dev, reinterpret_cast<void*>(managed), kBytes, s), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemcpyDtoHAsync(out.data(), dev, kBytes, s), CUDA_SUCCESS);
+  CHECK_RC(a.cuStreamSynchronize(s), CUDA_SUCCESS);
+  CHECK(std::all_of(out.begin(), out.end(), [](unsigned char c) { return c == 0x5c; }));
+  CHECK(a.counters().dtoh_calls == before.dtoh_calls + 2);
+  // Refused: a destroyed stream, a range past the block, memory the driver
+  // did not hand out.
+  CHECK_RC(a.cuStreamDestroy(s), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemcpyHtoDAsync(dev, in.data(), kBytes, s), CUDA_ERROR_INVALID_HANDLE);
+  CHECK_RC(a.cuMemcpyHtoD(dev, in.data(), 5 * 4096), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemcpyHtoD(CUdeviceptr(out.data()), in.data(), 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemcpyHtoD(dev, nullptr, 16), CUDA_ERROR_INVALID_VALUE);
+  CHECK_RC(a.cuMemFree(managed), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(dev), CUDA_SUCCESS);
+  CHECK_RC(a.cuMemFree(dev), CUDA_ERROR_INVALID_VALUE);
+}
+
 // Streams and the device memset: handles are checked; a memset sets
 // exactly its range, wherever each page lives, and whole pages of managed
 // memory set to zero take no host RAM (Linux: mincore).
@@ -1196,6 +1248,7 @@ int main(int argc, char** argv) {
   check_fault_injection(a);
   check_residency(a);
   check_streams_and_memset(a);
+  check_device_copies(a);
 #if !defined(_WIN32)
   check_fork(a, blocks);
   check_vmm(a);

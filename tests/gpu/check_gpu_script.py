@@ -52,7 +52,7 @@ try:
         report = f.read()
     expect(flat in report, "it used the --prebuilt binaries", report[:400])
     # The e2e step needs a build tree: the flat folder has none, build/ may.
-    if "## 10. The end-to-end suite" in report and "Skipped: no build tree" not in report:
+    if "## 11. The end-to-end suite" in report and "Skipped: no build tree" not in report:
         expect("| probe | unified | PASS probe [unified] |" in report,
                "the e2e suite ran in its real-driver mode", report[:1500])
     for row, what in [
@@ -63,8 +63,8 @@ try:
         ("| pinned | ok | ok | ok | host, managed=0 |", "pinned: the kernel works in place"),
         ("| pinned+vmm | ok | ok | ok | host, managed=0 |",
          "pinned with PIN=vmm: the kernel works in place"),
-        ("| pinned+vmm | ok / no-device-memory | ok / no-device-memory | ok / no-device-memory | "
-         "ok / no-device-memory |", "pinned with PIN=vmm: the driver copies every block"),
+        ("| pinned+vmm | ok / ok | ok / ok | ok / ok | ok / ok |",
+         "pinned with PIN=vmm: the driver copies every block, out and through device memory"),
         ("`location=host fresh_zero=yes cpu=ok kernel=ok copy_spanning=ok",
          "the virtual-memory API's host memory: zero, CPU, kernel and spanning copies reported"),
         ("pinned: size=67108864 driver_memory=1 is_managed=0 memory_type=host",
@@ -164,6 +164,23 @@ try:
                           r"\| every worker read its heap right \(exit 0\) \|$", workers, re.M)
         expect(rows == ["glibc", "unified", "device", "pinned+vmm"],
                "forked workers read their heap on every backend", workers)
+    # What the heap buys (gpu_probe gains): a row for every heap and the
+    # reference, with figures; over the double the figures mean nothing, the
+    # rows only show that the script runs. The kernel faults on glibc's
+    # pageable memory (unreachable here) and runs in place on the others.
+    gains = report.split("## 10. What the heap buys", 1)[-1].split("\n## ", 1)[0]
+    number = r"[0-9]+\.[0-9]{2}"
+    for heap in ("glibc \\(pageable\\)", "pinned", "pinned\\+vmm", "unified", "device"):
+        inplace = "unreachable" if heap.startswith("glibc") else number
+        expect(re.search(rf"^\| {heap} \| {number} \| {number} \| {number} \| {number} of {number} \| "
+                         rf"{inplace} \| {number} \|$", gains, re.M),
+               f"what the heap buys: the {heap} row", gains)
+    expect(re.search(rf"^\| cuMemHostAlloc \(reference\) \| {number} \| {number} \| {number} \| "
+                     rf"{number} of {number} \| \| \|$", gains, re.M),
+           "what the heap buys: the cuMemHostAlloc reference row", gains)
+    expect("PyTorch: not installed" in gains or "| glibc (pageable) | no-cuda" in gains
+           or re.search(r"^\| pinned \| [0-9.]+ \|", gains, re.M),
+           "what the heap buys: the PyTorch line", gains)
     logs = os.listdir(os.path.join(report_dir, "logs"))
     expect("kernel-unified-malloc.log" in logs and "costs.log" in logs, "raw logs are kept", logs)
 

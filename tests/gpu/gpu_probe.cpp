@@ -23,6 +23,14 @@
 //                                        one from a kernel
 //   gpu_probe context-cost               the device memory one more process's
 //                                        context takes (a child holds one)
+//   gpu_probe gains                      what the heap buys a program that
+//                                        moves data to the GPU: copy
+//                                        bandwidth of a 256 MiB malloc'd
+//                                        block (and of a cuMemHostAlloc
+//                                        buffer), whether an async copy
+//                                        overlaps a running kernel, a
+//                                        kernel on the block in place
+//                                        against one on a device copy
 //   gpu_probe reset                      cuDevicePrimaryCtxReset (what
 //                                        cudaDeviceReset does) under a live
 //                                        heap: one line per step survived
@@ -140,7 +148,8 @@ bool open_driver() {
             resolve(lib, "cuGetErrorName", &g_cu.error_name) &
             resolve(lib, "cuMemRangeGetAttribute", &g_cu.range_attribute) &
             resolve(lib, "cuMemcpyDtoH_v2", &g_cu.memcpy_dtoh);
-  // Device memory and host-to-device copies: the test double has neither.
+  // Device memory and host-to-device copies: optional (a driver without
+  // them gets "no-device-memory" rows).
   g_cu.mem_alloc = reinterpret_cast<decltype(g_cu.mem_alloc)>(dlsym(lib, "cuMemAlloc_v2"));
   g_cu.memcpy_htod = reinterpret_cast<decltype(g_cu.memcpy_htod)>(dlsym(lib, "cuMemcpyHtoD_v2"));
   // Drivers before CUDA 12.2 have only the CUdevice form of cuMemAdvise.
@@ -568,6 +577,184 @@ int run_touch() {
   return 0;
 }
 
+// ---- gains: what a heap in driver memory buys (scripts/gpu-check.sh's
+// "What the heap buys" table, issue 48)
+
+struct Streams {
+  CUresult (*create)(CUstream*, unsigned) = nullptr;
+  CUresult (*sync)(CUstream) = nullptr;
+  CUresult (*destroy)(CUstream) = nullptr;
+  CUresult (*htod_async)(CUdeviceptr, const void*, size_t, CUstream) = nullptr;
+};
+
+template <typename Fn>
+void optional_entry(const char* name, Fn* out) {
+  *out = reinterpret_cast<Fn>(dlsym(g_lib, name));
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// `launches` launches of the kernel over `count` ints at `data`, on `stream`.
+CUresult add_launches(CUfunction add, CUstream stream, CUdeviceptr data, unsigned count,
+                      int launches) {
+  int delta = 1;
+  void* params[] = {&data, &count, &delta};
+  for (int i = 0; i < launches; ++i) {
+    const CUresult rc =
+        g_cu.launch(add, (count + 255) / 256, 1, 1, 256, 1, 1, 0, stream, params, nullptr);
+    if (rc != CUDA_SUCCESS) return rc;
+  }
+  return CUDA_SUCCESS;
+}
+
+// One buffer's row: synchronous copies both ways (median of 3), then an
+// asynchronous copy to the device beside kernels on another stream, sized
+// to take about as long: overlap 1 when the two ran together, 0 when one
+// waited for the other (a pageable buffer's copy is staged by the CPU, and
+// its call returns only once the data is staged).
+void gains_row(const char* name, void* buf, std::size_t bytes, CUdeviceptr dev, CUdeviceptr busy,
+               CUfunction add, const Streams& st) {
+  std::vector<double> to, from;
+  CUresult rc = CUDA_SUCCESS;
+  for (int i = 0; i < 3 && rc == CUDA_SUCCESS; ++i) {
+    auto t = std::chrono::steady_clock::now();
+    rc = g_cu.memcpy_htod(dev, buf, bytes);
+    to.push_back(ms_since(t));
+    t = std::chrono::steady_clock::now();
+    if (rc == CUDA_SUCCESS) rc = g_cu.memcpy_dtoh(buf, dev, bytes);
+    from.push_back(ms_since(t));
+  }
+  if (rc != CUDA_SUCCESS) {
+    std::printf("gains buffer=%s rc=%s\n", name, name_of(rc));
+    return;
+  }
+  const double htod_ms = median_of(to);
+  const double dtoh_ms = median_of(from);
+  std::string overlap = "no-streams";
+  if (st.create != nullptr && st.sync != nullptr && st.htod_async != nullptr) {
+    CUstream copy_s = nullptr;
+    CUstream work_s = nullptr;
+    st.create(&copy_s, CU_STREAM_NON_BLOCKING);
+    st.create(&work_s, CU_STREAM_NON_BLOCKING);
+    const auto count = static_cast<unsigned>(bytes / sizeof(int));
+    auto t = std::chrono::steady_clock::now();
+    rc = st.htod_async(dev, buf, bytes, copy_s);
+    const double call_ms = ms_since(t);
+    if (rc == CUDA_SUCCESS) rc = st.sync(copy_s);
+    const double copy_ms = ms_since(t);
+    add_launches(add, work_s, busy, count, 1);  // the kernel's own start-up
+    st.sync(work_s);
+    t = std::chrono::steady_clock::now();
+    if (rc == CUDA_SUCCESS) rc = add_launches(add, work_s, busy, count, 1);
+    if (rc == CUDA_SUCCESS) rc = st.sync(work_s);
+    const double one_ms = std::max(ms_since(t), 0.001);
+    const int launches = std::clamp(static_cast<int>(copy_ms / one_ms + 0.5), 1, 1000);
+    t = std::chrono::steady_clock::now();
+    if (rc == CUDA_SUCCESS) rc = add_launches(add, work_s, busy, count, launches);
+    if (rc == CUDA_SUCCESS) rc = st.sync(work_s);
+    const double kernels_ms = ms_since(t);
+    t = std::chrono::steady_clock::now();
+    if (rc == CUDA_SUCCESS) rc = add_launches(add, work_s, busy, count, launches);
+    if (rc == CUDA_SUCCESS) rc = st.htod_async(dev, buf, bytes, copy_s);
+    if (rc == CUDA_SUCCESS) rc = st.sync(copy_s);
+    if (rc == CUDA_SUCCESS) rc = st.sync(work_s);
+    const double both_ms = ms_since(t);
+    if (st.destroy != nullptr) {
+      st.destroy(copy_s);
+      st.destroy(work_s);
+    }
+    char line[160];
+    const double shorter = std::max(std::min(copy_ms, kernels_ms), 0.001);
+    const double gained = std::clamp((copy_ms + kernels_ms - both_ms) / shorter, 0.0, 1.0);
+    std::snprintf(line, sizeof line,
+                  "%.2f async_call_ms=%.2f copy_ms=%.2f kernels_ms=%.2f both_ms=%.2f", gained,
+                  call_ms, copy_ms, kernels_ms, both_ms);
+    overlap = rc == CUDA_SUCCESS ? line : name_of(rc);
+  }
+  std::printf("gains buffer=%s htod_gbs=%.2f dtoh_gbs=%.2f overlap=%s\n", name,
+              bytes / htod_ms / 1e6, bytes / dtoh_ms / 1e6, overlap.c_str());
+}
+
+int run_gains() {
+  CUfunction add = nullptr;
+  if (!start_with_kernel("gains", &add)) return 1;
+  if (g_cu.mem_alloc == nullptr || g_cu.memcpy_htod == nullptr) {
+    std::printf("gains result=no-device-memory\n");
+    return 0;
+  }
+  Streams st;
+  optional_entry("cuStreamCreate", &st.create);
+  optional_entry("cuStreamSynchronize", &st.sync);
+  optional_entry("cuStreamDestroy_v2", &st.destroy);
+  optional_entry("cuMemcpyHtoDAsync_v2", &st.htod_async);
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  constexpr unsigned kCount = kBytes / sizeof(int);
+  int* heap = static_cast<int*>(std::malloc(kBytes));
+  void* reference = nullptr;
+  CUdeviceptr dev = 0;
+  CUdeviceptr busy = 0;
+  CUresult rc = heap == nullptr ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
+  if (rc == CUDA_SUCCESS) rc = g_cu.alloc_host(&reference, kBytes, 0);
+  if (rc == CUDA_SUCCESS) rc = g_cu.mem_alloc(&dev, kBytes);
+  if (rc == CUDA_SUCCESS) rc = g_cu.mem_alloc(&busy, kBytes);
+  if (rc != CUDA_SUCCESS) {
+    std::printf("gains result=no-memory rc=%s\n", name_of(rc));
+    return 0;
+  }
+  fill_index(heap, kCount);
+  std::memcpy(reference, heap, kBytes);
+  std::printf("gains bytes=%zu heap=%s\n", kBytes, attributes_of(heap).c_str());
+  gains_row("malloc", heap, kBytes, dev, busy, add, st);
+  gains_row("cuMemHostAlloc", reference, kBytes, dev, busy, add, st);
+
+  // The kernel on the heap block in place (median of 3 launches after a
+  // first, which may migrate it), against the block copied into device
+  // memory first and the kernel there: what a program gains by not copying.
+  // Memory the device cannot reach is not launched on (the fault would end
+  // the context).
+  int pageable = 0;
+  g_cu.device_attribute(&pageable, CU_DEVICE_ATTRIBUTE_PAGEABLE_MEMORY_ACCESS, g_device);
+  unsigned type = 0;
+  const bool driver_memory =
+      g_cu.pointer_attribute(&type, CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                             static_cast<CUdeviceptr>(reinterpret_cast<std::uintptr_t>(heap))) ==
+      CUDA_SUCCESS;
+  std::string inplace = "unreachable";
+  int added = 0;
+  if (driver_memory || pageable != 0) {
+    std::vector<double> runs;
+    rc = CUDA_SUCCESS;
+    for (int i = 0; i < 4 && rc == CUDA_SUCCESS; ++i) {
+      const auto t = std::chrono::steady_clock::now();
+      rc = add_on_gpu(add, heap, kCount, 1);
+      if (i > 0) runs.push_back(ms_since(t));
+      ++added;
+    }
+    char ms[64];
+    std::snprintf(ms, sizeof ms, "%.2f", rc == CUDA_SUCCESS ? median_of(runs) : -1.0);
+    inplace = rc == CUDA_SUCCESS ? ms : name_of(rc);
+  }
+  std::vector<double> copied;
+  rc = CUDA_SUCCESS;
+  for (int i = 0; i < 3 && rc == CUDA_SUCCESS; ++i) {
+    const auto t = std::chrono::steady_clock::now();
+    rc = g_cu.memcpy_htod(dev, heap, kBytes);
+    if (rc == CUDA_SUCCESS) rc = add_on_gpu(add, reinterpret_cast<int*>(dev), kCount, 1);
+    copied.push_back(ms_since(t));
+  }
+  const bool correct = holds_index_plus(heap, kCount, added);
+  std::printf("gains kernel_inplace_ms=%s kernel_copied_ms=%.2f inplace_correct=%d\n",
+              inplace.c_str(), rc == CUDA_SUCCESS ? median_of(copied) : -1.0, correct ? 1 : 0);
+  g_cu.mem_free(dev);
+  g_cu.mem_free(busy);
+  g_cu.free_host(reference);
+  std::free(heap);
+  return 0;
+}
+
 // Driver copies of malloc'd blocks (what cudaMemcpy and torch's .cuda() do
 // with a program's buffers): each block is copied out by cuMemcpyDtoH (its
 // host address is its device address, UVA) into memory of the probe's own
@@ -910,13 +1097,13 @@ int run_reset() {
 
 int main(int argc, char** argv) {
   const std::string what = argc > 1 ? argv[1] : "";
-  const char* kCommands[] = {"kernel", "attributes",   "costs", "zero", "fork",    "touch",
-                             "hold",   "context-cost", "reset", "copy", "vmm-host"};
+  const char* kCommands[] = {"kernel", "attributes",   "costs", "zero", "fork",     "touch",
+                             "hold",   "context-cost", "reset", "copy", "vmm-host", "gains"};
   if (std::none_of(std::begin(kCommands), std::end(kCommands),
                    [&](const char* c) { return what == c; })) {
     std::fprintf(stderr,
                  "usage: gpu_probe kernel malloc|new|vector | attributes | costs | zero | fork | "
-                 "touch | context-cost | reset | copy | vmm-host\n");
+                 "touch | context-cost | reset | copy | vmm-host | gains\n");
     return 2;
   }
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -931,5 +1118,6 @@ int main(int argc, char** argv) {
   if (what == "reset") return run_reset();
   if (what == "copy") return run_copy();
   if (what == "vmm-host") return run_vmm_host();
+  if (what == "gains") return run_gains();
   return run_costs();
 }
