@@ -807,7 +807,7 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=
         with open(os.path.join(out, "fastpath.md"), "w") as f:
             f.write(f"# Fast path, {datetime.date.today().isoformat()}\n\nMachine: {machine_line()}."
                     f"{' Quick run (small scales).' if quick else ''}\n\n" +
-                    "\n".join(fast_path_section(fast)[1:]))
+                    "\n".join(fast_path_section(fast)[2:]))
     if not rows:  # only the fork, fast-path or windows section was asked for (--only)
         md = ((fast_path_section(fast) if fast else []) + (fork_section(forks) if forks else []) +
               (windows_section(windows) if windows else []))
