@@ -616,6 +616,11 @@ bool start(const Config& cfg, StartReport* report) noexcept {
     } else {
       g_state.backend.store(BackendId::host);
       ok = add_arena_locked(0, why, sizeof why);
+      if (!ok) {  // both failed: the report names the two reasons
+        const std::size_t used = std::strlen(report->reason);
+        std::snprintf(report->reason + used, sizeof report->reason - used,
+                      "; the host fallback failed too: %s", why);
+      }
     }
   }
   g_state.grow_lock.unlock();

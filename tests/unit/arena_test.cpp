@@ -13,6 +13,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -1789,6 +1790,42 @@ TEST(Arena, AnIdleForkImageIsReleasedByTheNextAllocations) {
       for (void* b : blocks) arena::free(b, owner_tag(b));
     }
     arena::free(p, owner_tag(p));
+  });
+}
+
+// The process's address space (VmSize), in bytes; 0 when unknown.
+std::size_t address_space_used() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  std::size_t kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    if (std::sscanf(line, "VmSize: %zu kB", &kib) == 1) break;
+  }
+  std::fclose(f);
+  return kib * 1024;
+}
+
+// When neither the driver nor the host fallback can give the first arena
+// (no address space left: RLIMIT_AS), start fails and its reason names both
+// failures, so that a start failing for no reason known (issue 48's
+// FreeRoutesFollowTheirSetting, once) says which refusal came second.
+TEST(Arena, AStartThatFailsTwiceNamesBothReasons) {
+  IN_FRESH_PROCESS({
+    if (under_valgrind()) {  // valgrind keeps its own address space limits
+      std::fprintf(stderr, "not run under valgrind\n");
+      std::exit(0);
+    }
+    const std::size_t used = address_space_used();
+    ASSERT_NE(used, 0u);
+    rlimit tight{};
+    tight.rlim_cur = tight.rlim_max = used + 16 * kMiB;  // room for no 32 MiB arena
+    ASSERT_EQ(setrlimit(RLIMIT_AS, &tight), 0);
+    arena::StartReport report;
+    EXPECT_FALSE(arena::start(config(BackendId::unified), &report));
+    std::fprintf(stderr, "arena::start failed, as it should: %s\n", report.reason);
+    EXPECT_NE(std::strstr(report.reason, "; the host fallback failed too: "), nullptr)
+        << report.reason;
   });
 }
 
