@@ -334,55 +334,55 @@ void free_ctx_blocks(const Ctx* ctx) noexcept {
 
 using namespace fakecuda;
 
-FAKECUDA_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
-  static const char kCall[] = "cuMemAllocManaged";
-  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
-  lock(kCall);
+namespace {
+
+// The allocation calls' one course: a usable context, the arguments
+// (`valid`: the call's own checks of its pointer and flags), the block, the
+// count and the log line. `out` receives the block.
+CUresult allocate_call(const char* call, int kind, std::size_t bytesize, unsigned flags, bool valid,
+                       void** out) noexcept {
+  if (CUresult rc = enter(call); rc != CUDA_SUCCESS) return rc;
+  lock(call);
   CUresult rc = CUDA_SUCCESS;
   const Ctx* ctx = usable_current();
   void* p = nullptr;
   if (ctx == nullptr) {
     rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (dptr == nullptr || bytesize == 0 ||
-             (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) {
+  } else if (!valid || bytesize == 0) {
     rc = CUDA_ERROR_INVALID_VALUE;
   } else {
-    rc = allocate(kManaged, bytesize, flags, ctx, &p);
+    rc = allocate(kind, bytesize, flags, ctx, &p);
   }
   unlock();
-  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
-  g_counters.alloc_managed.fetch_add(1);
-  log_line("alloc kind=managed ptr=0x%llx size=%zu flags=%u dev=%d rc=0",
+  if (rc != CUDA_SUCCESS) return fail(call, rc);
+  if (kind == kManaged) g_counters.alloc_managed.fetch_add(1);
+  if (kind == kHost) g_counters.alloc_host.fetch_add(1);
+  log_line("alloc kind=%s ptr=0x%llx size=%zu flags=%u dev=%d rc=0", kind_name(kind),
            static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize, flags,
            ctx->device);
-  *dptr = reinterpret_cast<CUdeviceptr>(p);
+  *out = p;
   return CUDA_SUCCESS;
 }
 
+}  // namespace
+
+FAKECUDA_API CUresult cuMemAllocManaged(CUdeviceptr* dptr, size_t bytesize, unsigned int flags) {
+  void* p = nullptr;
+  const bool valid =
+      dptr != nullptr && (flags == CU_MEM_ATTACH_GLOBAL || flags == CU_MEM_ATTACH_HOST);
+  const CUresult rc = allocate_call("cuMemAllocManaged", kManaged, bytesize, flags, valid, &p);
+  if (rc == CUDA_SUCCESS) *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return rc;
+}
+
 FAKECUDA_API CUresult cuMemHostAlloc(void** pp, size_t bytesize, unsigned int Flags) {
-  static const char kCall[] = "cuMemHostAlloc";
-  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
   constexpr unsigned kKnown =
       CU_MEMHOSTALLOC_PORTABLE | CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_WRITECOMBINED;
-  lock(kCall);
-  CUresult rc = CUDA_SUCCESS;
-  const Ctx* ctx = usable_current();
   void* p = nullptr;
-  if (ctx == nullptr) {
-    rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (pp == nullptr || bytesize == 0 || (Flags & ~kKnown) != 0) {
-    rc = CUDA_ERROR_INVALID_VALUE;
-  } else {
-    rc = allocate(kHost, bytesize, Flags, ctx, &p);
-  }
-  unlock();
-  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
-  g_counters.alloc_host.fetch_add(1);
-  log_line("alloc kind=host ptr=0x%llx size=%zu flags=%u dev=%d rc=0",
-           static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize, Flags,
-           ctx->device);
-  *pp = p;
-  return CUDA_SUCCESS;
+  const bool valid = pp != nullptr && (Flags & ~kKnown) == 0;
+  const CUresult rc = allocate_call("cuMemHostAlloc", kHost, bytesize, Flags, valid, &p);
+  if (rc == CUDA_SUCCESS) *pp = p;
+  return rc;
 }
 
 namespace {
@@ -823,26 +823,10 @@ FAKECUDA_API CUresult cuMemDiscardBatchAsync(CUdeviceptr* dptrs, size_t* sizes, 
 // take a live stream handle (or none) and are synchronous here.
 
 FAKECUDA_API CUresult cuMemAlloc_v2(CUdeviceptr* dptr, size_t bytesize) {
-  static const char kCall[] = "cuMemAlloc_v2";
-  if (CUresult rc = enter(kCall); rc != CUDA_SUCCESS) return rc;
-  lock(kCall);
-  CUresult rc = CUDA_SUCCESS;
-  const Ctx* ctx = usable_current();
   void* p = nullptr;
-  if (ctx == nullptr) {
-    rc = CUDA_ERROR_INVALID_CONTEXT;
-  } else if (dptr == nullptr || bytesize == 0) {
-    rc = CUDA_ERROR_INVALID_VALUE;
-  } else {
-    rc = allocate(kDevice, bytesize, 0, ctx, &p);
-  }
-  unlock();
-  if (rc != CUDA_SUCCESS) return fail(kCall, rc);
-  log_line("alloc kind=device ptr=0x%llx size=%zu flags=0 dev=%d rc=0",
-           static_cast<unsigned long long>(reinterpret_cast<std::uintptr_t>(p)), bytesize,
-           ctx->device);
-  *dptr = reinterpret_cast<CUdeviceptr>(p);
-  return CUDA_SUCCESS;
+  const CUresult rc = allocate_call("cuMemAlloc_v2", kDevice, bytesize, 0, dptr != nullptr, &p);
+  if (rc == CUDA_SUCCESS) *dptr = reinterpret_cast<CUdeviceptr>(p);
+  return rc;
 }
 
 namespace {
