@@ -308,12 +308,17 @@ int run_attributes() {
   return 0;
 }
 
-// The median in ms, or "failed" when no call succeeded.
-std::string median_ms(std::vector<double> v) {
-  if (v.empty()) return "failed";
+// The median of a non-empty set of timings.
+double median_of(std::vector<double> v) {
   std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// The median in ms, or "failed" when no call succeeded.
+std::string median_ms(const std::vector<double>& v) {
+  if (v.empty()) return "failed";
   char text[32];
-  std::snprintf(text, sizeof text, "%.4f", v[v.size() / 2]);
+  std::snprintf(text, sizeof text, "%.4f", median_of(v));
   return text;
 }
 
@@ -590,11 +595,6 @@ struct Streams {
 template <typename Fn>
 void optional_entry(const char* name, Fn* out) {
   *out = reinterpret_cast<Fn>(dlsym(g_lib, name));
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 // `launches` launches of the kernel over `count` ints at `data`, on `stream`.
