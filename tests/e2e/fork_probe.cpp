@@ -283,28 +283,33 @@ int mode_fopen_thread() {
 
 int mode_driver_busy() {
   std::atomic<bool> stop{false};
+  std::atomic<int> busy{0};  // threads that have made their first round
   void* keep = make_block(3 << 20, 42);
   // Alignments above 16 MiB get a segment of their own: one driver call each
   // way.
   std::thread dedicated([&] {
-    while (!stop.load()) {
+    for (bool first = true; !stop.load();) {
       void* big = std::aligned_alloc(std::size_t{32} << 20, std::size_t{4} << 20);
       if (big != nullptr) {
         static_cast<char*>(big)[0] = 1;
         std::free(big);
       }
+      if (first) busy.fetch_add(1);
+      first = false;
       usleep(100);
     }
   });
   // Growth: hold more and more, up to 96 MiB, then let go.
   std::thread grower([&] {
     std::vector<void*> held;
-    while (!stop.load()) {
+    for (bool first = true; !stop.load();) {
       void* p = std::malloc(2 << 20);
       if (p != nullptr) {
         std::memset(p, 7, 2 << 20);
         held.push_back(p);
       }
+      if (first) busy.fetch_add(1);
+      first = false;
       if (held.size() >= 48) {
         for (void* q : held) std::free(q);
         held.clear();
@@ -312,6 +317,9 @@ int mode_driver_busy() {
     }
     for (void* q : held) std::free(q);
   });
+  // The forks start once both threads are at work: threads a loaded machine
+  // started after the last fork would leave the forks nothing to race.
+  while (busy.load() < 2) std::this_thread::yield();
   int ok = 0;
   const int children = 30;
   for (int c = 0; c < children; ++c) {
@@ -389,11 +397,17 @@ int mode_own_handler() {
   install_a();
   if (!fault_on_purpose()) die("the handler did not catch the fault (before forks)");
   // Another thread faults on purpose and replaces the handler all along.
+  // The forks start once it has made its first change: a changer that a
+  // loaded machine started after the 50 forks had ended made none, and the
+  // check below then compared handler_a, in place, with `last`'s initial
+  // value (issue 48: this probe's plain-glibc run exited 1 once in CI; a
+  // thread start delayed by 300 ms reproduces it every time).
   std::atomic<bool> stop{false};
-  std::atomic<int> last{0};  // 1: handler_a was installed last, 2: handler_b
+  std::atomic<bool> changing{false};
+  std::atomic<int> last{1};  // 1: handler_a was installed last, 2: handler_b
   std::atomic<int> missed{0};
   std::thread changer([&] {
-    for (int n = 0; !stop.load(); ++n) {
+    for (int n = 1; !stop.load(); ++n) {
       if (n % 2 == 0) {
         install_a();
         last.store(1);
@@ -401,9 +415,11 @@ int mode_own_handler() {
         install_b();
         last.store(2);
       }
+      changing.store(true);
       if (!fault_on_purpose()) missed.fetch_add(1);
     }
   });
+  while (!changing.load()) std::this_thread::yield();
   int ok = 0;
   const int children = 50;
   for (int c = 0; c < children; ++c) {
