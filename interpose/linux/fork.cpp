@@ -1,6 +1,6 @@
 // fork() under the preload library.
 //
-// A forked child gets a copy of the parent's heap (src/arena/fork_copy.cpp),
+// A forked child gets a copy of the parent's heap (src/arena/fork/),
 // which it must put in place before anything touches the heap. glibc's fork()
 // touches it in the child of a multi-threaded parent before any atfork child
 // handler runs, so from the last prepare handler until the fork is over a

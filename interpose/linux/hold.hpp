@@ -16,7 +16,7 @@
 //    whose memory the child inherits as of the fork itself: a FILE another
 //    thread opens then, which glibc's fork walks in the child, or a block
 //    it publishes, reaches the child intact. Frees go on: what mimalloc
-//    changes for them, the child's side makes consistent (fork_copy.cpp).
+//    changes for them, the child's side makes consistent (src/arena/fork/).
 #pragma once
 
 #include "mode.hpp"

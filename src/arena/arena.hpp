@@ -43,7 +43,7 @@ struct Config {
   // pinned: page-lock each arena whole, or only the granules mimalloc
   // commits, and by which route (MNEMOSYNE_PIN; set_pinned_commit).
   PinnedCommit pin = PinnedCommit::whole;
-  // How long a fork's image is kept for the forks that follow (fork_copy.cpp;
+  // How long a fork's image is kept for the forks that follow (src/arena/fork/;
   // MNEMOSYNE_FORK_KEEP_MS); 0: none is kept.
   std::uint64_t fork_keep_ns = 2'000'000'000;
   HostHeap host{};
@@ -157,7 +157,7 @@ bool fresh_memory_reads_zero(BackendId backend) noexcept;
 // The backend that new segments come from now.
 BackendId active_backend() noexcept;
 
-// fork() without exec (see fork_copy.cpp): the live data of segments a child
+// fork() without exec (see src/arena/fork/): the live data of segments a child
 // does not inherit is copied into private memory before the fork, and the
 // child moves that copy to the segments' addresses; afterwards the child
 // grows with host memory and never calls the driver.
@@ -187,11 +187,11 @@ bool child_after_fork(bool own_fork = true) noexcept;
 void close_fork_gate() noexcept;
 void open_fork_gate() noexcept;
 // Closes the image kept for the children of forks that follow each other
-// once no fork has come for the reuse window (fork_copy.cpp); the children
+// once no fork has come for the reuse window (src/arena/fork/); the children
 // that map it keep it. From mimalloc's heartbeat (the allocation slow path),
-// which calls it only while a base is kept (fork_copy.cpp). Linux only.
+// which calls it only while a base is kept (src/arena/fork/). Linux only.
 void release_idle_fork_image() noexcept;
-// Starts the threads that help a fork copy a large heap (fork_helpers.hpp)
+// Starts the threads that help a fork copy a large heap (fork/helpers.hpp)
 // once the segments a child would lack reach 256 MiB; cheap after that.
 // From the allocation slow path, outside every lock. Linux only.
 void start_fork_copy_helpers() noexcept;

@@ -151,7 +151,7 @@ int commit_range(void* start, std::size_t size, int op) noexcept {
   const std::uint8_t tag = owner_tag(start);
   if (tag == 0) return -1;
   if ((tag & kOwnerOnDemand) == 0) return 1;
-  // A forked child's CUDA segments are its own copies (fork_copy.cpp): backed.
+  // A forked child's CUDA segments are its own copies (src/arena/fork/): backed.
   if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(owner_backend(tag))) {
     return 1;
   }
@@ -215,7 +215,7 @@ void release_segment(const Segment& segment) noexcept {
   // memory goes with the process.
   if (is_cuda_backend(segment.backend) && Os::process_exiting()) return;
   if (g_forked_child.load(std::memory_order_relaxed) && is_cuda_backend(segment.backend)) {
-    // The child's copy (fork_copy.cpp, Linux), mapped by the provider at the
+    // The child's copy (src/arena/fork/, Linux), mapped by the provider at the
     // segment's own address; the slack was never copied.
     Os::unmap_pages(segment.start, segment.size);
     return;
@@ -256,7 +256,7 @@ void end_backed(BackedRange* backed) noexcept {
 
 bool segment_readable(const void* start, std::size_t size) noexcept {
   const std::uint8_t tag = owner_tag(start);
-  // Memory committed whole, or a forked child's copies (fork_copy.cpp: mapped
+  // Memory committed whole, or a forked child's copies (src/arena/fork/: mapped
   // whole): readable.
   if ((tag & kOwnerOnDemand) == 0 || g_forked_child.load(std::memory_order_relaxed)) return true;
   return with_backend(owner_backend(tag), [&]<MemoryBackend B>() {

@@ -40,7 +40,7 @@ struct State {
   int retired_count = 0;
   std::atomic<std::uint64_t> arenas_retired{0};  // retired_count, for the statistics
   std::atomic<void*> first_arena{nullptr};       // never retired
-  // Fork copies walking arenas (fork_copy.cpp; the early one outside the
+  // Fork copies walking arenas (src/arena/fork/; the early one outside the
   // table lock): a retired arena's memory goes back, and a free block's is
   // discarded, only when none is (retire.cpp).
   std::atomic<int> fork_readers{0};

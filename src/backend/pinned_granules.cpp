@@ -676,7 +676,7 @@ void* CudaHostPinned::reserve(std::size_t size) noexcept {
   }
   // Registered pages in memory a child inherits copy-on-write would break
   // the registration at the parent's next write: never inherited (the fork
-  // copy gives a child its heap, fork_copy.cpp). vmm granules are marked
+  // copy gives a child its heap, src/arena/fork/). vmm granules are marked
   // one by one as they are mapped (vmm_back).
   if (!vmm) {
     p = Os::map_pages(size, &err);

@@ -1,4 +1,4 @@
-// The operating system's part of the fork copy (src/arena/fork_copy.cpp): an
+// The operating system's part of the fork copy (src/arena/fork/): an
 // image file whose offsets are addresses, written and read at them, mapped
 // privately in the child; the residency of pages; the file-size limit the
 // image is subject to; every signal blocked while the child maps it. Linux

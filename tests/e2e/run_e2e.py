@@ -185,7 +185,7 @@ def freed_before(events, index, pid, ptr):
 def check_heap(events, backend, device=0, injected=()):
     """The heap of every process under the interposer came from the backend.
     `injected`: calls a test made fail on purpose. One failure is by design
-    (src/arena/fork_copy.cpp, copy_early): the fork copy's cuMemcpyDtoH of
+    (src/arena/fork/, copy_early): the fork copy's cuMemcpyDtoH of
     a dedicated block another thread freed after the copy listed it; it is
     allowed only when the double logged the address as unknown and that
     block's free came first."""

@@ -1330,7 +1330,7 @@ TEST(Arena, DriverThreadsNeverMakeTheArenaCallTheDriver) {
   });
 }
 
-// Linux only: Windows has no fork() (fork_copy.cpp is not built there).
+// Linux only: Windows has no fork() (src/arena/fork/ is not built there).
 #if !defined(_WIN32)
 TEST(Arena, ForkedChildKeepsItsHeapAndNeverCallsTheDriver) {
   IN_FRESH_PROCESS({
@@ -1778,7 +1778,7 @@ TEST(Arena, TheForkImageIsKeptAsLongAsConfigured) {
 
 // The kept image is released by the first allocation that takes mimalloc's
 // slow path once the keep has passed (mimalloc's heartbeat, which calls
-// mnemosyne only while an image is kept: fork_copy.cpp), and a later fork
+// mnemosyne only while an image is kept: src/arena/fork/), and a later fork
 // that keeps one again is released the same way.
 TEST(Arena, AnIdleForkImageIsReleasedByTheNextAllocations) {
   IN_FRESH_PROCESS({

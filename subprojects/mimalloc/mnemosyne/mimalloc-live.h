@@ -1,6 +1,6 @@
 /* mnemosyne's extension of its private mimalloc 2.0.9: which bytes of an arena
  * may hold live data. A forked child's copy of the heap needs those bytes and no
- * others (see src/arena/fork_copy.cpp). */
+ * others (see src/arena/fork/). */
 #ifndef MNEMOSYNE_MIMALLOC_LIVE_H
 #define MNEMOSYNE_MIMALLOC_LIVE_H
 

@@ -1,6 +1,6 @@
 // Threads that share a fork's copy of the heap with the forking thread.
 //
-// The copy a child needs is made before fork() returns (fork_copy.cpp), and
+// The copy a child needs is made before fork() returns (copy_pass.cpp), and
 // its cost is a read (and, for the first fork of a series, a write) of the
 // whole live heap: bound by memory bandwidth, which one core does not
 // saturate. So a process whose heap is large gets a few threads of

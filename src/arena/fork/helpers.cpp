@@ -1,11 +1,11 @@
-// Helper threads for the fork copy (fork_helpers.hpp).
+// Helper threads for the fork copy (helpers.hpp).
 //
 // A job is published by bumping g_generation (the work, its argument and the
 // number of workers stored before it); each helper that takes part runs its
 // share and counts g_pending down, the last one waking the caller. A helper
 // takes its index when it is ready to see the next generation, so a job
 // never counts on a helper that could miss it.
-#include "arena/fork_helpers.hpp"
+#include "arena/fork/helpers.hpp"
 
 #include <atomic>
 #include <cstdint>
