@@ -314,6 +314,139 @@ def fork_workers(configs, base_env, quick):
     return rows
 
 
+# Children that run a command or exit (issue 47): the language cases of
+# bench/fork_exec.py at one heap size (1 GiB), the C program's children
+# (bench/fork_cost) at two (1 and 4 GiB).
+FORK_EXEC_LANG = ["python-execv", "python-preexec", "python-exit", "perl-system", "node-execsync"]
+FORK_EXEC_C = ["exec", "exit", "read1"]
+
+
+def fork_exec(allocs, base_env, build, quick):
+    """Each case under glibc, `unified` and `pinned`: the first child of a
+    series (cold: no image to share) and the median of the others (warm),
+    from the call to the child's end, and the heap each child cost a copy of
+    (mnemosyne's fork_bytes_copied over the children)."""
+    lib = os.path.join(build, "interpose", "libmnemosyne.so")
+    unified = dict(next(extra for name, extra in allocs if name == "mnemosyne-unified"))
+    configs = [("glibc", {}), ("mnemosyne-unified", unified),
+               ("mnemosyne-pinned", {**unified, "LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "pinned"})]
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_exec.py")
+    binary = os.path.join(build, "bench", "fork_cost")
+    stats_dir = tempfile.mkdtemp(prefix="mnemosyne-fork-exec-")
+    rows = []
+
+    def copied_mib(name, pid, children):
+        path = os.path.join(stats_dir, f"{pid}.json")
+        if name == "glibc" or not os.path.exists(path):
+            return ""
+        with open(path) as f:
+            return json.load(f).get("fork_bytes_copied", 0) / children / (1 << 20)
+
+    cases = []
+    lang_mib, count = (64, 3) if quick else (1024, 5)
+    for case in FORK_EXEC_LANG:
+        tool = {"perl": "perl", "node": "node"}.get(case.split("-")[0])
+        if tool and shutil.which(tool) is None:
+            print(f"bench: no {tool}; the {case} case is left out")
+            continue
+        cases.append((case, lang_mib, count, [sys.executable, script, case, "--mib",
+                                              str(lang_mib), "--count", str(count)]))
+    for mib in ((64,) if quick else (1024, 4096)):
+        n = count if mib <= 1024 else 3
+        for child in FORK_EXEC_C:
+            cases.append((f"c-{child}", mib, n, [binary, str(mib), str(n), "large", child]))
+    for case, mib, n, argv in cases:
+        for name, extra in configs:
+            env = {**base_env, **extra}
+            if name != "glibc":
+                env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats_dir, "%p.json")
+            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True)
+            p.stdout, p.stderr = p.communicate(timeout=1800)
+            if argv[0] == binary:
+                m = re.search(r"first fork\(\) [0-9.]+ ms, to its end ([0-9.]+) ms; the other "
+                              r"[0-9]+: fork\(\) [0-9.]+ ms, to the end ([0-9.]+) ms", p.stdout)
+                r = {"first_ms": float(m.group(1)), "rest_ms": float(m.group(2)),
+                     "pid": p.pid} if m and p.returncode == 0 else None
+            else:
+                try:
+                    r = json.loads(p.stdout.strip().splitlines()[-1])
+                except (IndexError, ValueError):
+                    r = None
+            if r is None or p.returncode != 0:
+                print(f"bench: fork-exec {case} ({mib} MiB) under {name} failed: "
+                      f"{p.stderr[-300:]}")
+                continue
+            rows.append({"case": case, "heap_mib": mib, "allocator": name, "children": n,
+                         "first_ms": r["first_ms"], "rest_ms": r["rest_ms"],
+                         "copied_mib_per_child": copied_mib(name, r["pid"], n)})
+        print(f"fork-exec {case} ({mib} MiB): " + "  ".join(
+            f"{x['allocator']} {x['first_ms']:.0f}/{x['rest_ms']:.0f} ms" for x in rows
+            if x["case"] == case and x["heap_mib"] == mib), flush=True)
+    shutil.rmtree(stats_dir, ignore_errors=True)
+    return rows
+
+
+def fork_exec_section(rows):
+    """The table, each cell first/warm ms and its ratio to glibc's, and the
+    copy per child; the issue's targets under it."""
+    if not rows:
+        return []
+    md = ["## Children that run a command or exit (issue 47)", "",
+          "Each parent holds its heap in 1 MiB pieces (the C program: 64 KiB blocks), each "
+          "written, and starts its children one after the other; each child runs /bin/true "
+          "(`exit`, `python-exit`: exits at once; `read1`: reads 1% of the blocks, then exits). "
+          "Cells: the first child (cold: no image of an earlier fork to share) / the median of "
+          "the others (warm), from the call to the child's end, in ms, with the ratio to "
+          "glibc's; then the heap copied per child (`fork_bytes_copied` over the children). "
+          "Targets (issue 47): within 1.2x glibc's time, cold and warm, at most 1 MiB copied "
+          "per child; `read1`: at most 2% of the heap plus mimalloc's metadata.", "",
+          "| case | heap | glibc | `unified` | copied | `pinned` | copied |",
+          "|---|---|---|---|---|---|---|"]
+    keys = []
+    for r in rows:
+        if (r["case"], r["heap_mib"]) not in keys:
+            keys.append((r["case"], r["heap_mib"]))
+    for case, mib in keys:
+        got = {r["allocator"]: r for r in rows if r["case"] == case and r["heap_mib"] == mib}
+        base = got.get("glibc")
+
+        def cell(name):
+            r = got.get(name)
+            if r is None:
+                return "-"
+            text = f"{r['first_ms']:.0f} / {r['rest_ms']:.0f}"
+            if base and name != "glibc" and base["first_ms"] > 0 and base["rest_ms"] > 0:
+                text += (f" ({r['first_ms'] / base['first_ms']:.1f}x / "
+                         f"{r['rest_ms'] / base['rest_ms']:.1f}x)")
+            return text
+
+        def copied(name):
+            r = got.get(name)
+            return f"{r['copied_mib_per_child']:.0f} MiB" if r and r["copied_mib_per_child"] != "" \
+                else "-"
+        md.append(f"| {case} | {mib} MiB | {cell('glibc')} | {cell('mnemosyne-unified')} | "
+                  f"{copied('mnemosyne-unified')} | {cell('mnemosyne-pinned')} | "
+                  f"{copied('mnemosyne-pinned')} |")
+    return md + [""]
+
+
+def write_fork_exec(out, rows, quick):
+    with open(os.path.join(out, "fork_exec.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["case", "heap_mib", "allocator", "children", "first_ms",
+                                          "rest_ms", "copied_mib_per_child"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({**r, "first_ms": f"{r['first_ms']:.2f}", "rest_ms": f"{r['rest_ms']:.2f}",
+                        "copied_mib_per_child": (f"{r['copied_mib_per_child']:.2f}"
+                                                 if r["copied_mib_per_child"] != "" else "")})
+    with open(os.path.join(out, "fork_exec.md"), "w") as f:
+        f.write(f"# Forks whose children run a command or exit, "
+                f"{datetime.date.today().isoformat()}\n\nMachine: {machine_line()}."
+                f"{' Quick run (small heaps).' if quick else ''}\n\n" +
+                "\n".join(fork_exec_section(rows)[2:]))
+
+
 def instructions(argv, env):
     """Instructions of the whole process, counted by callgrind."""
     p = subprocess.run(["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null"] + argv,
@@ -590,12 +723,15 @@ def main():
     forks = None
     if not a.only or "fork" in a.only.split(","):
         forks = fork_costs(allocs, base_env, build, runs, a.quick)
+    execs = None
+    if not a.only or "fork-exec" in a.only.split(","):
+        execs = fork_exec(allocs, base_env, build, a.quick)
     windows = None
     if a.windows_build and (not a.only or "windows" in a.only.split(",")):
         windows = windows_table(os.path.abspath(a.windows_build), runs, a.quick)
     elapsed = time.monotonic() - started
     shutil.rmtree(work, ignore_errors=True)
-    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks, windows, fast)
+    write_results(a.out, rows, runs, a.quick, elapsed, starts, forks, windows, fast, execs)
     if failures:
         print(f"bench: {failures} run(s) failed (above); their rows are missing")
     return 1 if failures else 0
@@ -791,7 +927,8 @@ def write_windows(out, windows, quick):
                 f.write(text)
 
 
-def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=None):
+def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=None,
+                  execs=None):
     os.makedirs(out, exist_ok=True)
     if forks:
         write_forks(out, forks, runs)
@@ -808,8 +945,11 @@ def write_results(out, rows, runs, quick, elapsed, starts, forks, windows, fast=
             f.write(f"# Fast path, {datetime.date.today().isoformat()}\n\nMachine: {machine_line()}."
                     f"{' Quick run (small scales).' if quick else ''}\n\n" +
                     "\n".join(fast_path_section(fast)[2:]))
+    if execs:
+        write_fork_exec(out, execs, quick)
     if not rows:  # only the fork, fast-path or windows section was asked for (--only)
         md = ((fast_path_section(fast) if fast else []) + (fork_section(forks) if forks else []) +
+              (fork_exec_section(execs) if execs else []) +
               (windows_section(windows) if windows else []))
         print("\n".join(md) if md else "bench: nothing ran")
         return
