@@ -189,6 +189,36 @@ if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L >"$logs/nvidia-smi.log" 2>&1 || true
   while read -r line; do say "- $line"; done <"$logs/nvidia-smi.log"
 fi
+# Whether this user may use userfaultfd, the kernel's way to let a parent
+# serve its forked child's page faults, those the kernel takes for the child
+# included (execve's argv, write() of a heap buffer): issue 47's pull needs
+# it, and on this machine's kind of host it is unknown. The sysctl, the
+# device, and the call itself (a container's seccomp profile may refuse
+# it), for every fault and for user-mode faults only (UFFD_USER_MODE_ONLY).
+uffd_line() {
+  local sysctl dev calls
+  sysctl=$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null || echo absent)
+  dev=absent
+  if [ -e /dev/userfaultfd ]; then
+    dev="present, not usable by $(id -un)"
+    [ -r /dev/userfaultfd ] && [ -w /dev/userfaultfd ] && dev="usable by $(id -un)"
+  fi
+  calls=$(python3 - <<'PY' 2>/dev/null
+import ctypes, errno, os, platform
+nr = {"x86_64": 323, "aarch64": 282}.get(platform.machine())
+libc = ctypes.CDLL(None, use_errno=True)
+out = []
+for flags, what in ((os.O_CLOEXEC, "every fault"), (os.O_CLOEXEC | 1, "user-mode faults only")):
+    fd = libc.syscall(nr, flags) if nr else -1
+    if fd >= 0:
+        os.close(fd)
+    out.append(f"{what}: " + ("yes" if fd >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")))
+print(", ".join(out))
+PY
+)
+  say "- userfaultfd (issue 47): vm.unprivileged_userfaultfd ${sysctl}, /dev/userfaultfd $dev; the call as $(id -un): ${calls:-not tried (no python3)}"
+}
+uffd_line
 say "- binaries: $lib, $probe"
 if [ -n "$built_by" ]; then say "- $built_by"; fi
 if [ -n "$build_failure" ]; then say "- **the build here failed** (logs/build.log): \`$build_failure\`"; fi

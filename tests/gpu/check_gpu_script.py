@@ -51,6 +51,10 @@ try:
     with open(os.path.join(report_dir, "report.md")) as f:
         report = f.read()
     expect(flat in report, "it used the --prebuilt binaries", report[:400])
+    expect(re.search(r"^- userfaultfd \(issue 47\): vm\.unprivileged_userfaultfd \S+, "
+                     r"/dev/userfaultfd .*; the call as \S+: every fault: \w+, "
+                     r"user-mode faults only: \w+$", report, re.M),
+           "whether userfaultfd serves this user is reported", report[:600])
     # The e2e step needs a build tree: the flat folder has none, build/ may.
     if "## 11. The end-to-end suite" in report and "Skipped: no build tree" not in report:
         expect("| probe | unified | PASS probe [unified] |" in report,
