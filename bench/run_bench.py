@@ -167,9 +167,7 @@ def fork_costs(allocs, base_env, build, runs, quick):
     configs = [(name, extra) for name, extra in allocs if name in ("glibc", "mimalloc",
                                                                       "mnemosyne-host",
                                                                       "mnemosyne-unified")]
-    pinned = dict(next(extra for name, extra in allocs if name == "mnemosyne-unified"))
-    configs.append(("mnemosyne-pinned", {**pinned, "LD_PRELOAD": lib,
-                                         "MNEMOSYNE_BACKEND": "pinned"}))
+    configs.append(pinned_config(allocs, lib))
     rows = []
     for shape in ("large", "small"):
         per = {name: [] for name, _ in configs}
@@ -209,6 +207,13 @@ def fork_costs(allocs, base_env, build, runs, quick):
             "signals": fork_signals(configs, base_env, build),
             "redis": fork_redis(configs, base_env, quick),
             "dataloader": fork_dataloader(configs, base_env, quick)}
+
+
+def pinned_config(allocs, lib):
+    """mnemosyne on `pinned` over the double: the unified row's settings
+    with the backend changed."""
+    unified = next(extra for name, extra in allocs if name == "mnemosyne-unified")
+    return ("mnemosyne-pinned", {**unified, "LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "pinned"})
 
 
 def fork_configs(configs):
@@ -327,9 +332,8 @@ def fork_exec(allocs, base_env, build, quick):
     from the call to the child's end, and the heap each child cost a copy of
     (mnemosyne's fork_bytes_copied over the children)."""
     lib = os.path.join(build, "interpose", "libmnemosyne.so")
-    unified = dict(next(extra for name, extra in allocs if name == "mnemosyne-unified"))
-    configs = [("glibc", {}), ("mnemosyne-unified", unified),
-               ("mnemosyne-pinned", {**unified, "LD_PRELOAD": lib, "MNEMOSYNE_BACKEND": "pinned"})]
+    configs = [(name, extra) for name, extra in allocs if name in ("glibc", "mnemosyne-unified")]
+    configs.append(pinned_config(allocs, lib))
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_exec.py")
     binary = os.path.join(build, "bench", "fork_cost")
     stats_dir = tempfile.mkdtemp(prefix="mnemosyne-fork-exec-")
@@ -360,22 +364,23 @@ def fork_exec(allocs, base_env, build, quick):
             env = {**base_env, **extra}
             if name != "glibc":
                 env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats_dir, "%p.json")
-            p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 text=True)
-            p.stdout, p.stderr = p.communicate(timeout=1800)
+            what = f"fork-exec {case} ({mib} MiB) under {name}"
             if argv[0] == binary:
+                # Its pid names its statistics file.
+                p = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+                out, err = p.communicate(timeout=1800)
                 m = re.search(r"first fork\(\) [0-9.]+ ms, to its end ([0-9.]+) ms; the other "
-                              r"[0-9]+: fork\(\) [0-9.]+ ms, to the end ([0-9.]+) ms", p.stdout)
-                r = {"first_ms": float(m.group(1)), "rest_ms": float(m.group(2)),
-                     "pid": p.pid} if m and p.returncode == 0 else None
-            else:
-                try:
-                    r = json.loads(p.stdout.strip().splitlines()[-1])
-                except (IndexError, ValueError):
-                    r = None
-            if r is None or p.returncode != 0:
-                print(f"bench: fork-exec {case} ({mib} MiB) under {name} failed: "
-                      f"{p.stderr[-300:]}")
+                              r"[0-9]+: fork\(\) [0-9.]+ ms, to the end ([0-9.]+) ms", out)
+                r = None
+                if m and p.returncode == 0:
+                    r = {"first_ms": float(m.group(1)), "rest_ms": float(m.group(2)),
+                         "pid": p.pid}
+                else:
+                    print(f"bench: {what} failed: {err[-300:]}")
+            else:  # the script prints its pid
+                r = json_run(argv, env, "ok", what)
+            if r is None:
                 continue
             rows.append({"case": case, "heap_mib": mib, "allocator": name, "children": n,
                          "first_ms": r["first_ms"], "rest_ms": r["rest_ms"],
