@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "platform/page_pull.hpp"
 #include "platform/platform.hpp"
 
 namespace mnemosyne::platform {
@@ -102,6 +103,10 @@ void* thread_main(void* raw) {
 }
 }  // namespace
 
+// The threads start_thread started: mnemosyne's own, which never end
+// (page_pull::own_threads).
+static constinit std::atomic<std::size_t> g_own_threads{0};
+
 bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   // The start record is a page of its own, not malloc's: this runs on the
   // allocator's slow path.
@@ -120,8 +125,15 @@ bool System::start_thread(void (*fn)(void*), void* arg) noexcept {
   restore_signals(saved);
   pthread_attr_destroy(&attr);
   if (rc != 0) munmap(start, page_size());
+  if (rc == 0) g_own_threads.fetch_add(1, std::memory_order_relaxed);
   return rc == 0;
 }
+
+namespace page_pull {
+std::size_t own_threads() noexcept {
+  return g_own_threads.load(std::memory_order_relaxed);
+}
+}  // namespace page_pull
 
 std::size_t System::cpu_count() noexcept {
   cpu_set_t set;
