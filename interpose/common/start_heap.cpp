@@ -25,7 +25,7 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: BACKEND=%s DEVICE=%d%s SIZE=%zu:%zu%s ARENA_SIZE=%zu LIMIT=%zu%s "
-                "FALLBACK=%s CONTEXT=%s ZEROED=%s PIN=%s FORK_KEEP_MS=%u",
+                "FALLBACK=%s CONTEXT=%s ZEROED=%s PIN=%s FORK_KEEP_MS=%u FORK_PULL_MS=%u",
                 backend_name(o.backend), device, o.device_local_rank ? " (local-rank)" : "",
                 o.size_min, o.size_max, o.size_routing ? "" : " (all sizes)", o.arena_size, o.limit,
                 o.limit == 0 ? " (none)" : "",
@@ -37,7 +37,7 @@ void print_verbose(const config::Options& o, const arena::StartReport& report, i
                 o.pin == config::Pin::granule ? "granule"
                 : o.pin == config::Pin::vmm   ? "vmm"
                                               : "arena",
-                static_cast<unsigned>(o.fork_keep_ms));
+                static_cast<unsigned>(o.fork_keep_ms), static_cast<unsigned>(o.fork_pull_ms));
   warn(line);
   std::snprintf(line, sizeof line,
                 "mnemosyne: SHOW_STATS=%d STATS_FILE=%.200s CUDA_DRIVER=%.200s PROGRAMS=%.200s "
@@ -131,6 +131,7 @@ bool start_heap(const config::Options& o, const StartPlatform& platform) noexcep
             : o.pin == config::Pin::granule ? PinnedCommit::registration
                                             : PinnedCommit::whole;
   cfg.fork_keep_ns = std::uint64_t{o.fork_keep_ms} * 1'000'000;
+  cfg.fork_pull_ms = o.fork_pull_ms;
   cfg.host = platform.host;
   cfg.warn = platform.warn;
 

@@ -46,6 +46,10 @@ struct Config {
   // How long a fork's image is kept for the forks that follow (src/arena/fork/;
   // MNEMOSYNE_FORK_KEEP_MS); 0: none is kept.
   std::uint64_t fork_keep_ns = 2'000'000'000;
+  // How long a forked child may pull its heap page by page before the parent
+  // copies the rest (src/arena/fork/pull.cpp; MNEMOSYNE_FORK_PULL_MS); 0: a
+  // fork copies the heap before it returns.
+  std::uint32_t fork_pull_ms = 0;
   HostHeap host{};
   void (*warn)(const char* line) = nullptr;  // one line, no newline
 };
@@ -174,9 +178,22 @@ void end_early() noexcept;
 // own_fork is false in the child of a fork made while another thread's fork
 // was under way (a _Fork from a signal handler): that child never takes the
 // other fork's copy.
-void prepare_fork() noexcept;
+// may_pull: the program has no thread but the forking one (the driver's
+// aside), so its child may pull its heap (fork/pull.cpp).
+void prepare_fork(bool may_pull = false) noexcept;
 void parent_after_fork() noexcept;
 bool child_after_fork(bool own_fork = true) noexcept;
+// A child that pulls its heap (MNEMOSYNE_FORK_PULL_MS, fork/pull.cpp):
+// fork_child_pulls says, in the parent after the clone, whether this fork's
+// child does; serve_forked_child then serves it (from the parent's after-fork
+// handler, before parent_after_fork, with the program's other threads held
+// and glibc's stdio list locked) until it execs or exits, or copies the rest
+// into its image; finish_pull_in_child, in a child still pulling, before it
+// forks itself, has its parent copy the rest.
+bool fork_pull_enabled() noexcept;  // MNEMOSYNE_FORK_PULL_MS is not 0
+bool fork_child_pulls() noexcept;
+void serve_forked_child() noexcept;
+void finish_pull_in_child() noexcept;
 // The driver gate of a fork (arena.cpp). close_fork_gate: from a fork()
 // wrapper, before glibc's fork() runs the atfork handlers (the driver's may
 // hold the driver's locks until the fork is over); from then on the

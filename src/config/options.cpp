@@ -26,6 +26,7 @@ enum Row : std::size_t {
   kZeroed,
   kPin,
   kForkKeepMs,
+  kForkPullMs,
   kVerbose,
   kShowStats,
   kStatsFile,
@@ -103,6 +104,13 @@ constexpr OptionInfo kTable[kRowCount] = {
      "of that copy held in memory (shared memory, up to the live heap); 0 keeps none, and every "
      "fork copies the whole heap.",
      "MNEMOSYNE_FORK_KEEP_MS=120000"},
+    {"FORK_PULL_MS", Type::milliseconds, "0",
+     "Linux, CUDA backends, where this user may use userfaultfd (root, CAP_SYS_PTRACE, "
+     "vm.unprivileged_userfaultfd=1 or a usable /dev/userfaultfd): how long a forked child may "
+     "take its parent's heap page by page, as it touches it, before the parent copies the rest; "
+     "a child that runs a command or exits within it copies only the pages it touched. 0: every "
+     "fork copies the heap before fork() returns.",
+     "MNEMOSYNE_FORK_PULL_MS=100"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",
      "MNEMOSYNE_VERBOSE=1"},
@@ -146,11 +154,11 @@ static_assert(row_is(kBackend, "BACKEND") && row_is(kDevice, "DEVICE") && row_is
               row_is(kArenaSize, "ARENA_SIZE") && row_is(kLimit, "LIMIT") &&
               row_is(kFallback, "FALLBACK") && row_is(kContext, "CONTEXT") &&
               row_is(kZeroed, "ZEROED") && row_is(kPin, "PIN") &&
-              row_is(kForkKeepMs, "FORK_KEEP_MS") && row_is(kVerbose, "VERBOSE") &&
-              row_is(kShowStats, "SHOW_STATS") && row_is(kStatsFile, "STATS_FILE") &&
-              row_is(kCudaDriver, "CUDA_DRIVER") && row_is(kPrograms, "PROGRAMS") &&
-              row_is(kExclude, "EXCLUDE") && row_is(kWarned, "WARNED") &&
-              row_is(kDisable, "DISABLE"));
+              row_is(kForkKeepMs, "FORK_KEEP_MS") && row_is(kForkPullMs, "FORK_PULL_MS") &&
+              row_is(kVerbose, "VERBOSE") && row_is(kShowStats, "SHOW_STATS") &&
+              row_is(kStatsFile, "STATS_FILE") && row_is(kCudaDriver, "CUDA_DRIVER") &&
+              row_is(kPrograms, "PROGRAMS") && row_is(kExclude, "EXCLUDE") &&
+              row_is(kWarned, "WARNED") && row_is(kDisable, "DISABLE"));
 
 constexpr char kPrefix[] = "MNEMOSYNE_";
 constexpr std::size_t kPrefixLen = sizeof kPrefix - 1;
@@ -385,6 +393,15 @@ void Reader::apply(Row row, const Entry& e) noexcept {
         return;
       }
       o.fork_keep_ms = static_cast<std::uint32_t>(ms);
+      return;
+    }
+    case kForkPullMs: {
+      std::uint64_t ms = 0;
+      if (!detail::parse_decimal(e.value, detail::length(e.value), kMaxForkPullMs, &ms)) {
+        invalid(row, e, "a whole number of milliseconds (0 to 60000)");
+        return;
+      }
+      o.fork_pull_ms = static_cast<std::uint32_t>(ms);
       return;
     }
     case kVerbose:

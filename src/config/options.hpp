@@ -32,6 +32,11 @@ inline constexpr Pin kDefaultPin = Pin::vmm;
 // FORK_KEEP_MS's default and its largest value (about 24.8 days).
 inline constexpr std::uint32_t kDefaultForkKeepMs = 2000;
 inline constexpr std::uint32_t kMaxForkKeepMs = 2147483647;
+// FORK_PULL_MS's default and its largest value (a minute: the parent's
+// forking thread waits that long at most, and the program's other threads'
+// allocations with it).
+inline constexpr std::uint32_t kDefaultForkPullMs = 0;
+inline constexpr std::uint32_t kMaxForkPullMs = 60000;
 
 struct Options {
   bool disable = false;                    // DISABLE
@@ -49,6 +54,7 @@ struct Options {
   Zeroed zeroed = Zeroed::automatic;                // ZEROED
   Pin pin = kDefaultPin;                            // PIN
   std::uint32_t fork_keep_ms = kDefaultForkKeepMs;  // FORK_KEEP_MS
+  std::uint32_t fork_pull_ms = kDefaultForkPullMs;  // FORK_PULL_MS
   bool verbose = false;                             // VERBOSE
   bool show_stats = false;                          // SHOW_STATS
   char stats_file[512] = {};                        // STATS_FILE ("" = none), %p not yet replaced

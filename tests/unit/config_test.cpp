@@ -252,6 +252,7 @@ TEST(ConfigTable, NamesTypesAndOrder) {
       {"ZEROED", Type::choice},
       {"PIN", Type::choice},
       {"FORK_KEEP_MS", Type::milliseconds},
+      {"FORK_PULL_MS", Type::milliseconds},
       {"VERBOSE", Type::boolean},
       {"SHOW_STATS", Type::boolean},
       {"STATS_FILE", Type::path},
@@ -443,6 +444,7 @@ TEST(ConfigRead, EveryOptionValid) {
       "MNEMOSYNE_CONTEXT=own",
       "MNEMOSYNE_ZEROED=no",
       "MNEMOSYNE_FORK_KEEP_MS=120000",
+      "MNEMOSYNE_FORK_PULL_MS=100",
       "MNEMOSYNE_VERBOSE=1",
       "MNEMOSYNE_SHOW_STATS=yes",
       "MNEMOSYNE_STATS_FILE=/tmp/stats.%p.json",
@@ -595,6 +597,19 @@ TEST(ConfigRead, ForkKeepMilliseconds) {
             "2147483647); using the default (2000)");
 }
 
+TEST(ConfigRead, ForkPullMilliseconds) {
+  EXPECT_EQ(read({}).fork_pull_ms, config::kDefaultForkPullMs);
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_PULL_MS=0"}).fork_pull_ms, 0u);
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_PULL_MS=60000"}).fork_pull_ms, 60000u);
+  EXPECT_TRUE(g_lines.empty());
+  EXPECT_EQ(read({"MNEMOSYNE_FORK_PULL_MS=60001"}).fork_pull_ms, config::kDefaultForkPullMs);
+  ASSERT_EQ(g_lines.size(), 1u);
+  EXPECT_TRUE(contains(g_lines[0],
+                       "MNEMOSYNE_FORK_PULL_MS=60001 is not a whole number of "
+                       "milliseconds (0 to 60000)"))
+      << g_lines[0];
+}
+
 TEST(ConfigRead, LimitWarningFormat) {
   EXPECT_EQ(read({"MNEMOSYNE_LIMIT=12Q"}).limit, 0u);
   ASSERT_EQ(g_lines.size(), 1u);
@@ -649,6 +664,7 @@ INSTANTIATE_TEST_SUITE_P(
         Invalid{"MNEMOSYNE_SHOW_STATS", "2"}, Invalid{"MNEMOSYNE_DISABLE", "enabled"},
         Invalid{"MNEMOSYNE_FORK_KEEP_MS", ""}, Invalid{"MNEMOSYNE_FORK_KEEP_MS", "-1"},
         Invalid{"MNEMOSYNE_FORK_KEEP_MS", "1.5"}, Invalid{"MNEMOSYNE_FORK_KEEP_MS", "2147483648"},
+        Invalid{"MNEMOSYNE_FORK_PULL_MS", "-5"}, Invalid{"MNEMOSYNE_FORK_PULL_MS", "100ms"},
         Invalid{"mnemosyne_limit", "12Q"}, Invalid{"MNEMOSYNE_Backend", "CUDA"}));
 
 TEST(ConfigRead, LongValuesAreClippedInWarnings) {
@@ -813,7 +829,8 @@ TEST(ConfigRead, UnknownNamesWarnOnceEach) {
   EXPECT_EQ(g_lines[0],
             "mnemosyne: unknown option MNEMOSYNE_BAKEND=host (ignored); options are BACKEND, "
             "DEVICE, SIZE, ARENA_SIZE, LIMIT, FALLBACK, CONTEXT, ZEROED, PIN, FORK_KEEP_MS, "
-            "VERBOSE, SHOW_STATS, STATS_FILE, CUDA_DRIVER, PROGRAMS, EXCLUDE, WARNED, DISABLE");
+            "FORK_PULL_MS, VERBOSE, SHOW_STATS, STATS_FILE, CUDA_DRIVER, PROGRAMS, EXCLUDE, "
+            "WARNED, DISABLE");
   EXPECT_TRUE(contains(g_lines[1], "unknown option mnemosyne_lmit=1")) << g_lines[1];
   EXPECT_TRUE(contains(g_lines[2], "unknown option MNEMOSYNE_=1")) << g_lines[2];
   EXPECT_TRUE(contains(g_lines[3], "unknown option MNEMOSYNE_TEST=1")) << g_lines[3];
