@@ -17,6 +17,7 @@
 #include <cerrno>
 
 #include "backend/driver_call.hpp"
+#include "driver_threads.hpp"
 #include "libc.hpp"
 #include "platform/platform.hpp"
 
@@ -39,14 +40,34 @@ struct Start {
   void* arg;
 };
 
+// The driver's threads alive (fork.cpp: a fork's child pulls its heap only
+// when the program has no thread of its own besides the forking one). A
+// thread-specific value's destructor counts each end, pthread_exit's too.
+constinit std::atomic<long> g_live{0};
+constinit pthread_key_t g_end_key{};
+constinit std::atomic<bool> g_end_key_made{false};
+
+void on_driver_thread_end(void*) {
+  g_live.fetch_sub(1, std::memory_order_relaxed);
+}
+
 void* driver_thread_main(void* raw) {
   const Start start = *static_cast<Start*>(raw);
   __libc_free(raw);
   mnemosyne::mark_thread_as_driver_owned();
+  if (g_end_key_made.load(std::memory_order_acquire)) {
+    pthread_setspecific(g_end_key, &g_live);  // any non-null value
+  }
   return start.routine(start.arg);
 }
 
 }  // namespace
+
+namespace mnemosyne {
+long live_driver_threads() noexcept {
+  return g_live.load(std::memory_order_relaxed);
+}
+}  // namespace mnemosyne
 
 extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* thread,
                                                                      const pthread_attr_t* attr,
@@ -55,6 +76,12 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
   const CreateFn create = real_create();
   if (create == nullptr) return EAGAIN;
   if (!mnemosyne::in_driver_call()) return create(thread, attr, routine, arg);
+  // Made once, by the first driver thread's creator (inside a driver call,
+  // which the driver serializes with its own lock; the flag makes it once).
+  if (!g_end_key_made.load(std::memory_order_acquire) &&
+      pthread_key_create(&g_end_key, &on_driver_thread_end) == 0) {
+    g_end_key_made.store(true, std::memory_order_release);
+  }
   auto* start = static_cast<Start*>(__libc_malloc(sizeof(Start)));
   if (start == nullptr) return EAGAIN;
   *start = Start{routine, arg};
@@ -63,6 +90,10 @@ extern "C" __attribute__((visibility("default"))) int pthread_create(pthread_t* 
     mnemosyne::AsyncSignalsBlocked inherited_by_the_thread;
     rc = create(thread, attr, &driver_thread_main, start);
   }
-  if (rc != 0) __libc_free(start);
+  if (rc != 0) {
+    __libc_free(start);
+  } else if (g_end_key_made.load(std::memory_order_acquire)) {
+    g_live.fetch_add(1, std::memory_order_relaxed);
+  }
   return rc;
 }

@@ -90,9 +90,11 @@
 #include "arena/arena.hpp"
 #include "backend/driver_call.hpp"
 #include "bootstrap.hpp"
+#include "driver_threads.hpp"
 #include "fork_lock.hpp"
 #include "hold.hpp"
 #include "mode.hpp"
+#include "platform/page_pull.hpp"
 #include "platform/signal_chain.hpp"
 
 // glibc's stdio list lock: exported (GLIBC_2.2.5) though no header declares
@@ -295,6 +297,21 @@ Role& role_at(int depth) noexcept {
   return g_roles[(depth < kMaxRoles ? depth : kMaxRoles) - 1];
 }
 
+// Whether the forking thread is the program's only one (the driver's
+// threads aside): only then may its child pull its heap after the clone
+// (src/arena/fork/pull.cpp). Another thread of the program runs on between
+// the clone and the parent's handler, and a block it takes from the system
+// allocator then, published into the heap, would reach the child as a
+// pointer to memory the child does not have. The driver's threads write
+// only their own blocks, which a child never reads; mnemosyne's own (fork
+// helpers, the retire and give-back threads) none of the program's, and the
+// heap's free blocks only when no fork reads it.
+bool alone_but_for_the_driver() noexcept {
+  const long threads = platform::page_pull::threads_in_process();
+  const long ours = static_cast<long>(platform::page_pull::own_threads()) + live_driver_threads();
+  return threads > 0 && threads - 1 - ours <= 0;
+}
+
 // `stdio`: whether the fork is glibc's fork(), which takes the stdio list's
 // lock after this handler; not its _Fork() (see the top of this file).
 void prepare_fork(bool stdio) noexcept {
@@ -309,8 +326,14 @@ void prepare_fork(bool stdio) noexcept {
     if (stdio) _IO_list_lock();  // before the copy, held until the clone
     g_stdio_list_held = stdio;
     g_window_for_others.hold();
-    arena::prepare_fork();
-    g_window_for_others.divert();
+    arena::prepare_fork(/*may_pull=*/arena::fork_pull_enabled() && alone_but_for_the_driver());
+    // A child that pulls reads the heap after the clone: other threads'
+    // frees wait in a list until the fork is over.
+    if (arena::fork_child_pulls()) {
+      g_window_for_others.divert_deferring_frees();
+    } else {
+      g_window_for_others.divert();
+    }
     g_copier_depth = depth;
     g_fork_stack.enter();
     open_window();
@@ -324,6 +347,15 @@ void on_prepare_fork() noexcept {
 void on_parent_after_fork() noexcept {
   const int depth = g_fork_lock.depth();
   if (role_at(depth) == Role::copier) {
+    // A child that pulls its heap is served now, before the list lock and
+    // the other threads are let go (src/arena/fork/pull.cpp).
+    if (arena::fork_child_pulls()) {
+      // Other threads' allocations wait too while it pulls: a block they
+      // would take from the system allocator now is not in the child, and a
+      // pointer to it written into the heap would reach the child.
+      g_window_for_others.hold_again();
+      arena::serve_forked_child();
+    }
     // glibc has released its own hold of the list lock already.
     if (g_stdio_list_held) _IO_list_unlock();
     g_stdio_list_held = false;
@@ -349,7 +381,7 @@ void on_child_after_fork() noexcept {
       g_stdio_list_held = false;
       close_window();
       g_fork_stack.leave();
-      g_window_for_others.end();
+      g_window_for_others.end(/*in_child=*/true);
       g_copier_depth = 0;
     }
     if (!ok) {
@@ -374,7 +406,7 @@ void on_child_of_overlapping_fork() noexcept {
   const bool ok = arena::child_after_fork(/*own_fork=*/false);
   close_window();  // if the other fork had opened it
   const Mode mode = current_mode();
-  if (mode == Mode::held || mode == Mode::diverted) g_window_for_others.end();
+  if (mode == Mode::held || mode == Mode::diverted) g_window_for_others.end(/*in_child=*/true);
   g_copier_depth = 0;
   // Without its parent's blocks: the system allocator serves, and frees of
   // those blocks are ignored. Said nowhere: such a child of a handler

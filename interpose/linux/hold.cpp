@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "arena/arena.hpp"
+#include "arena/ownership_map.hpp"
 #include "mode.hpp"
 
 namespace mnemosyne {
@@ -42,8 +43,67 @@ void AllocationWindow::divert() noexcept {
   wake_waiters();
 }
 
-void AllocationWindow::end() noexcept {
-  g_free_checks.fetch_and(static_cast<std::uint8_t>(~kFreeHeld), std::memory_order_seq_cst);
+namespace {
+
+// The frees a fork defers: a fixed list (a free must not allocate), 512 KiB
+// of .bss. A free past its end waits for the fork's end, as under hold().
+constexpr std::size_t kDeferredCapacity = std::size_t{1} << 16;
+constinit std::atomic<void*> g_deferred[kDeferredCapacity] = {};
+constinit std::atomic<std::size_t> g_deferred_count{0};  // slots taken (may pass the capacity)
+
+// Frees the deferred blocks, kFreeDeferred being off: those whose slot was
+// taken before the bit went off. In a child, a slot taken and not yet written
+// at the clone belongs to a thread that is not there: skipped. A free that
+// read the bit just before it went off and takes its slot after the list is
+// emptied stays in the list until the next fork's end (freed late, never
+// twice).
+void free_deferred(bool in_child) noexcept {
+  std::size_t done = 0;
+  for (;;) {
+    std::size_t taken = g_deferred_count.load(std::memory_order_acquire);
+    const std::size_t n = taken < kDeferredCapacity ? taken : kDeferredCapacity;
+    for (std::size_t i = done; i < n; ++i) {
+      void* p = g_deferred[i].exchange(nullptr, std::memory_order_acq_rel);
+      while (p == nullptr && !in_child) {  // taken, not yet written: a moment
+        p = g_deferred[i].exchange(nullptr, std::memory_order_acq_rel);
+      }
+      if (p != nullptr) arena::free(p, owner_tag(p));
+    }
+    done = n > done ? n : done;
+    if (g_deferred_count.compare_exchange_strong(taken, 0, std::memory_order_acq_rel)) return;
+  }
+}
+
+}  // namespace
+
+void AllocationWindow::divert_deferring_frees() noexcept {
+  g_free_checks.fetch_or(kFreeDeferred, std::memory_order_seq_cst);
+  divert();
+}
+
+void AllocationWindow::hold_again() noexcept {
+  g_mode.store(Mode::held, std::memory_order_seq_cst);
+}
+
+void free_arena_block(void* ptr, std::uint8_t tag) noexcept {
+  while ((g_free_checks.load(std::memory_order_acquire) & kFreeDeferred) != 0) {
+    const std::size_t slot = g_deferred_count.fetch_add(1, std::memory_order_acq_rel);
+    if (slot < kDeferredCapacity) {
+      g_deferred[slot].store(ptr, std::memory_order_release);
+      return;
+    }
+    g_deferred_count.fetch_sub(1, std::memory_order_acq_rel);
+    wait_while_held();  // full: until the fork's end
+  }
+  arena::free(ptr, tag);
+}
+
+void AllocationWindow::end(bool in_child) noexcept {
+  const std::uint8_t bits = kFreeHeld | kFreeDeferred;
+  const bool deferred =
+      (g_free_checks.fetch_and(static_cast<std::uint8_t>(~bits), std::memory_order_seq_cst) &
+       kFreeDeferred) != 0;
+  if (deferred) free_deferred(in_child);
   arena::set_free_route(free_route_of(g_free_checks.load(std::memory_order_relaxed)));
   g_mode.store(before_, std::memory_order_seq_cst);
   wake_waiters();

@@ -30,10 +30,27 @@ class AllocationWindow {
  public:
   void hold() noexcept;
   void divert() noexcept;  // wakes the waiting threads
-  void end() noexcept;     // the mode from before hold()
+  // divert(), for a fork whose child pulls its heap from this process after
+  // the clone (src/arena/fork/pull.cpp): the child must find the heap as it
+  // was at the clone, so other threads' frees of arena blocks do not reach
+  // mimalloc until end(): they are kept in a list (free_arena_block), which
+  // end() frees, and which the child frees too (those made before the clone
+  // are the child's as well). Allocations come from the system allocator,
+  // which the child inherits at the clone, as with divert().
+  void divert_deferring_frees() noexcept;
+  // After the clone, while that child pulls: allocations wait again (glibc's
+  // fork() has released its own locks), frees still go to the list.
+  void hold_again() noexcept;
+  // The mode from before hold(), and the deferred frees made (in_child: in a
+  // forked child, whose list holds those made before the clone).
+  void end(bool in_child = false) noexcept;
 
  private:
   Mode before_ = Mode::host;
 };
+
+// Frees an arena block (tag: its ownership-map entry), or keeps it for
+// end() while a fork defers frees (divert_deferring_frees).
+void free_arena_block(void* ptr, std::uint8_t tag) noexcept;
 
 }  // namespace mnemosyne

@@ -17,6 +17,7 @@
 #include "api_names.hpp"
 #include "arena/arena.hpp"
 #include "fast_path.hpp"
+#include "hold.hpp"
 #include "libc.hpp"
 #include "mode.hpp"
 #include "stats/counters.hpp"
@@ -159,7 +160,7 @@ void* realloc_slow(Mode mode, void* ptr, std::uint8_t tag, std::size_t size) noe
     p = __libc_malloc(size);
     if (p != nullptr) {
       std::memcpy(p, ptr, old_size < size ? old_size : size);
-      arena::free(ptr, tag);
+      free_arena_block(ptr, tag);
     }
   }
   if (p == nullptr) return nomem();  // the old block is untouched
@@ -250,7 +251,7 @@ namespace {
   const std::uint8_t tag = owner_tag(ptr);
   if ((checks & kFreeCounting) != 0) count_release(ptr, tag, usable_of(ptr, tag));
   if (tag != 0) {
-    arena::free(ptr, tag);
+    free_arena_block(ptr, tag);
   } else {
     __libc_free(ptr);
   }

@@ -31,6 +31,7 @@ inline bool managed_mode(Mode mode) noexcept {
 // entry, which bootstrap.cpp and hold.cpp keep in step (free_route_of).
 inline constexpr std::uint8_t kFreeCounting = 1;  // statistics count every free
 inline constexpr std::uint8_t kFreeHeld = 2;      // Mode::held: frees wait
+inline constexpr std::uint8_t kFreeDeferred = 4;  // a child pulls: arena frees wait in a list
 
 // The free route arena entries carry (arena::set_free_route) while
 // g_free_checks is `checks`: straight to mimalloc, counted, or none (the

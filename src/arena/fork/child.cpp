@@ -109,6 +109,9 @@ static void restore_once() noexcept {
       drop_marks(s);
       drop_live(s);
     }
+    // A child that pulls: the image is empty yet; its pages are watched,
+    // and the parent fills them as they are touched (pull.cpp).
+    if (g_fork.pull) start_pull_in_child();
     close_image();  // the mappings keep the image
     forget_base();
     // What has no copy is never shown as zeros (a child running on wrong
@@ -172,6 +175,11 @@ bool child_after_fork(bool own_fork) noexcept {
   // run in about a hundred of tst-mallocfork3's shape, a SIGSEGV here).
   if (!own_fork && g_fork.child_state.load(std::memory_order_acquire) == kPending) {
     g_fork.child_state.store(kIdle, std::memory_order_release);
+  }
+  if (!own_fork) {  // nor that fork's pull
+    g_fork.pull_parent.close();
+    g_fork.pull_child.close();
+    g_fork.pull = false;
   }
   // A child whose fork made no copy lacks every segment that is not
   // inherited. kRestored means the first fault here already put the copy in.

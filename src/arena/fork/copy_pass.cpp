@@ -219,7 +219,7 @@ static void copy_share(void* arg, std::size_t worker, std::size_t workers) noexc
 // One walk: every segment a child does not inherit, into the image (its
 // shadows in g_fork.shadows, those it could not copy in g_fork.missing).
 // A heap of kParallelBytes or more is copied by the fork helpers too.
-static void copy_all(bool adopt) noexcept {
+void copy_all(bool adopt) noexcept {
   g_fork.shadow_count = 0;
   g_fork.missing_count = 0;
   std::size_t bytes = 0;
@@ -273,7 +273,8 @@ static void copy_all(bool adopt) noexcept {
 
 using namespace forking;
 
-void prepare_fork() noexcept {
+void prepare_fork(bool may_pull) noexcept {
+  finish_pull_in_child();       // a child still pulling: its own child needs all of it
   g_state.table.lock().lock();  // released in parent_after_fork / child_after_fork
   // The walk below reads arena blocks in use; a free block being discarded
   // meanwhile (retire.cpp) is skipped, one freed during the walk is not
@@ -287,6 +288,12 @@ void prepare_fork() noexcept {
   // Nor is the base released while this fork may read it, or the child
   // inherits it.
   use_base();
+  if (may_pull && prepare_pull(adopt)) {  // the child pulls: nothing copied now
+    restore_file_size_limit();
+    g_fork.child_incomplete = false;
+    g_fork.child_state.store(kPending, std::memory_order_release);
+    return;
+  }
   copy_all(adopt);
   if (g_fork.delta && (delta_abandoned() || count_delta_runs() > kMaxDeltaRuns)) {
     // Too scattered for the child's mappings: this fork makes a base, every
@@ -308,6 +315,7 @@ void prepare_fork() noexcept {
 }
 
 void parent_after_fork() noexcept {
+  serve_forked_child();  // if the interposer has not (a no-op then)
   hold_backing(false);
   g_state.fork_readers.fetch_sub(1, std::memory_order_seq_cst);
   g_fork.child_state.store(kIdle, std::memory_order_release);

@@ -48,7 +48,7 @@ constinit ForkCopy g_fork;
 // still refuse it.
 constexpr std::uint64_t kUnlimited = platform::fork_image::kUnlimited;
 
-static bool lift_file_size_limit() noexcept {
+bool lift_file_size_limit() noexcept {
   std::uint64_t soft = 0;
   std::uint64_t hard = 0;
   if (!platform::fork_image::file_size_limit(&soft, &hard)) return true;

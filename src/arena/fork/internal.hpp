@@ -13,6 +13,9 @@
 //    large heap, and what the parent keeps afterwards.
 //  - child.cpp: the child's side: the image mapped at the segments'
 //    addresses, at its first touch of the heap or in its atfork handler.
+//  - pull.cpp: a child that takes its heap page by page as it touches it
+//    (MNEMOSYNE_FORK_PULL_MS), served by the parent's forking thread until
+//    it execs or exits, or the parent copies the rest as above.
 // Nothing here allocates: a fork may come from a signal handler, or while
 // another thread holds the heap.
 #pragma once
@@ -189,6 +192,19 @@ struct ForkCopy {
 
   Scratch cpu_pass[kMaxForkWorkers];  // prepare_fork's, under the table lock
   Scratch early_pass;                 // copy_early's, under the fork lock
+
+  // The pull (pull.cpp). In the parent, from prepare_fork to the end of its
+  // service: this fork's child pulls. In the child: it pulls still (its
+  // parent serves it), until its pull is over.
+  bool pull = false;
+  bool pull_adopt = false;  // prepare_fork adopted copy_early's bitmaps
+  Descriptor pull_parent;   // the parent's end of the socket
+  Descriptor pull_child;    // the child's end
+  Descriptor pull_faults;   // the child's userfaultfd (either side)
+  // In the child: which files those two are (the program may close them and
+  // reuse the numbers).
+  std::uint64_t pull_child_id = 0;
+  std::uint64_t pull_faults_id = 0;
 };
 extern constinit ForkCopy g_fork;  // defined in image.cpp
 
@@ -302,7 +318,9 @@ struct Pass {
 
 // ---- image.cpp
 
-// RLIMIT_FSIZE put back to the program's (lifted while the image is made).
+// RLIMIT_FSIZE lifted while the image is made (false: it cannot be), and
+// put back to the program's.
+bool lift_file_size_limit() noexcept;
 void restore_file_size_limit() noexcept;
 // Closes the base (the children that map it keep it). Under kBaseForking or
 // kBaseReleasing, or in a child.
@@ -347,5 +365,17 @@ void describe(Shadow& s, const SegmentTable::Entry& e) noexcept;
 bool any_segment_needs_copy() noexcept;
 // The pass's bytes into the statistics.
 void add_copied(const Pass& pass) noexcept;
+// Every segment a child lacks, into the image (prepare_fork's pass; the
+// pull's when the child has pulled for long enough).
+void copy_all(bool adopt) noexcept;
+
+// ---- pull.cpp
+
+// In prepare_fork: whether this fork's child pulls, and if so, everything
+// it needs made (the image, empty; the socket; the shadows).
+bool prepare_pull(bool adopt) noexcept;
+// In the child, from restore_once, the image mapped: its pages watched and
+// the parent asked to serve them (or, where it cannot be, to copy them all).
+void start_pull_in_child() noexcept;
 
 }  // namespace mnemosyne::arena::forking
