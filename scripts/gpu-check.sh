@@ -768,7 +768,7 @@ for dir in "$prebuilt" "$root/build"; do
 done
 # fork-snapshot early: what a child reads after its parent's driver copy
 # (cuMemcpyDtoH) into a heap block right after the fork (issue 36).
-e2e_cases=(probe fork-snapshot fork-pool-large python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
+e2e_cases=(probe fork-snapshot fork-pull fork-pool-large python gcc git sort xz ls thread-churn dlopen fork-held-lock fork-python fork-python-threads
            fork-storm fork-fopen fork-patterns fork-from-thread fork-own-handler fork-gdb bad-options
            own-context fork-cross-free errno promises calloc fork-signal fork-signal-threads)
 left=$(( started + ${GPU_CHECK_SECONDS:-450} - $(date +%s) ))
@@ -799,6 +799,7 @@ else
         MNEMOSYNE_LIB="$lib" FAKECUDA_LIB="$driver" ALLOC_PROBE="$tree/tests/e2e/alloc_probe" \
         THREAD_CHURN="$tree/tests/e2e/thread_churn" FORK_PROBE="$tree/tests/e2e/fork_probe" \
         FORK_RACE_PROBE="$tree/tests/e2e/fork_race_probe" ERRNO_PROBE="$tree/tests/e2e/errno_probe" \
+        FORK_PULL_PROBE="$tree/tests/e2e/fork_pull_probe" \
         PROMISE_PROBE="$tree/tests/e2e/promise_probe" \
         FAULT_PROBE="$tree/tests/e2e/fault_probe" STRESS_PROBE="$tree/tests/e2e/stress_probe" \
         DLOPEN_PROBE="$tree/tests/e2e/dlopen_probe" CTOR_LIB="$tree/tests/e2e/libctor_alloc.so" \

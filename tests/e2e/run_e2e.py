@@ -52,6 +52,10 @@ DIRTY = os.environ.get("E2E_DIRTY") == "1"
 # E2E_PIN=arena (or granule, or vmm, the default): every run under the
 # interposer with that MNEMOSYNE_PIN (a case's own setting wins).
 PIN = os.environ.get("E2E_PIN", "")
+# E2E_FORK_PULL_MS=100: every run under the interposer with that
+# MNEMOSYNE_FORK_PULL_MS (a case's own setting wins): children pull their
+# heap where userfaultfd serves this user (docs/fork.md).
+FORK_PULL_MS = os.environ.get("E2E_FORK_PULL_MS", "")
 PROBE = os.environ["ALLOC_PROBE"]
 CHURN = os.environ["THREAD_CHURN"]
 FORK_PROBE = os.environ["FORK_PROBE"]
@@ -83,7 +87,7 @@ ARENAS = {"MNEMOSYNE_PIN": "arena"}
 REAL_DRIVER_CASES = {
     "probe", "python", "gcc", "git", "sort", "xz", "ls", "fork-python", "fork-python-threads",
     "fork-storm", "thread-churn", "dlopen", "fork-fopen", "fork-held-lock", "fork-patterns",
-    "fork-from-thread", "fork-snapshot", "fork-free-space", "fork-pool-large",
+    "fork-from-thread", "fork-snapshot", "fork-free-space", "fork-pool-large", "fork-pull",
     "fork-own-handler", "fork-gdb", "bad-options", "exports", "own-context",
     "fork-cross-free", "fork-signal", "fork-signal-threads", "errno", "promises", "calloc", "signals",
     "calloc-big",
@@ -125,6 +129,8 @@ class Run:
                 env["FAKECUDA_DIRTY"] = "1"
             if PIN:
                 env["MNEMOSYNE_PIN"] = PIN
+            if FORK_PULL_MS:
+                env["MNEMOSYNE_FORK_PULL_MS"] = FORK_PULL_MS
             if REAL:
                 stats = tempfile.mkdtemp(prefix="stats-", dir=tmp)
                 env["MNEMOSYNE_STATS_FILE"] = os.path.join(stats, "%p.json")
@@ -944,6 +950,82 @@ def case_fork_deadlock(tmp, backend):
     files with getline and rewind and one calls fflush(NULL) (issue 45: the
     parent deadlocked)."""
     fork_stdio_case(tmp, backend, "deadlock")
+
+
+FORK_PULL_PROBE = os.environ["FORK_PULL_PROBE"]
+PULL_HEAP = 256 << 20  # fork_pull_probe's 256 blocks of 1 MiB
+
+
+def pull_allowed():
+    """Whether userfaultfd serves this user's kernel-mode faults too
+    (platform/page_pull.hpp): root, the sysctl, or /dev/userfaultfd."""
+    if os.geteuid() == 0:
+        return True
+    try:
+        with open("/proc/sys/vm/unprivileged_userfaultfd") as f:
+            if f.read().strip() == "1":
+                return True
+    except OSError:
+        pass
+    return os.access("/dev/userfaultfd", os.R_OK | os.W_OK)
+
+
+def pull_run(tmp, backend, mode, prefix=()):
+    """fork_pull_probe MODE with and without the interposer, children pulling
+    (MNEMOSYNE_FORK_PULL_MS=100); the parent's statistics."""
+    # Outside tmp (0700): a run as nobody writes there too.
+    stats = tempfile.mkdtemp(prefix=f"mnemosyne-e2e-pull-{mode}-")
+    os.chmod(stats, 0o777)
+    extra = {"MNEMOSYNE_FORK_PULL_MS": "100",
+             "MNEMOSYNE_STATS_FILE": os.path.join(stats, "%p.json")}
+    events, _, _ = twice(tmp, backend, [*prefix, FORK_PULL_PROBE, mode], f"fork_pull_probe {mode}",
+                         extra_env=extra)
+    check_children_quiet(events)
+    docs = []
+    for name in os.listdir(stats):
+        with open(os.path.join(stats, name)) as f:
+            doc = json.load(f)
+        if doc["program"].startswith("fork_pull_probe") and not doc["forked_child"]:
+            docs.append(doc)
+    shutil.rmtree(stats, ignore_errors=True)
+    expect(len(docs) == 1, f"{mode}: {len(docs)} statistics of the probe's parent")
+    return docs[0]
+
+
+def case_fork_pull(tmp, backend):
+    """Children that exec (argv in the heap), write() heap buffers, read 1% of
+    the heap, wait until the parent has moved on, fork themselves, close every
+    descriptor, or are forked from a signal handler (issue 47): each reads its
+    fork's heap; where this user may pull, one that execs or exits copies at
+    most 1 MiB, one that reads 1% at most 2% of the heap and 1 MiB."""
+    pulls = pull_allowed()
+    budgets = {"exec": 4 * (1 << 20), "read1": 4 * (PULL_HEAP // 50 + (1 << 20))}
+    for mode in ("exec", "write", "read1", "late", "nested", "closefds", "signal"):
+        doc = pull_run(tmp, backend, mode)
+        copied = doc["fork_bytes_copied"]
+        if backend == "host":
+            expect(copied == 0, f"{mode}: host heap copied {copied} bytes")
+        elif mode in budgets and pulls:
+            expect(copied <= budgets[mode],
+                   f"{mode}: children copied {copied >> 10} KiB (at most {budgets[mode] >> 10})")
+        elif mode in budgets:
+            print(f"{mode}: this user may not pull (userfaultfd): {copied >> 20} MiB copied")
+
+
+def case_fork_pull_unprivileged(tmp, backend):
+    """A user whom userfaultfd does not serve (nobody, on a system that
+    keeps it for the privileged) gets the copy, whole, and the same output."""
+    if os.geteuid() != 0:
+        print("not root: cannot run as nobody; case_fork_pull covers this user")
+        return
+    setpriv = ["setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups"]
+    nobody_pulls = open("/proc/sys/vm/unprivileged_userfaultfd").read().strip() == "1"
+    doc = pull_run(tmp, backend, "exec", setpriv)
+    copied = doc["fork_bytes_copied"]
+    if nobody_pulls:
+        expect(copied <= 4 << 20, f"nobody may pull here, yet {copied >> 20} MiB copied")
+    else:
+        expect(copied >= PULL_HEAP, f"nobody cannot pull, yet only {copied >> 20} MiB copied")
 
 
 def case_errno(tmp, backend):
