@@ -108,8 +108,9 @@ constexpr OptionInfo kTable[kRowCount] = {
      "Linux, CUDA backends, where this user may use userfaultfd (root, CAP_SYS_PTRACE, "
      "vm.unprivileged_userfaultfd=1 or a usable /dev/userfaultfd): how long a forked child may "
      "take its parent's heap page by page, as it touches it, before the parent copies the rest; "
-     "a child that runs a command or exits within it copies only the pages it touched. 0: every "
-     "fork copies the heap before fork() returns.",
+     "a child that runs a command or exits within it copies only the pages it touched. Only in a "
+     "process with no thread of its own besides the forking one. 0: every fork copies the heap "
+     "before fork() returns.",
      "MNEMOSYNE_FORK_PULL_MS=100"},
     {"VERBOSE", Type::boolean, "off",
      "Print every effective option and the backend's state on stderr at start.",

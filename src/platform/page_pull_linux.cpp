@@ -74,39 +74,47 @@ bool unwatch(int faults, void* at, std::size_t size) noexcept {
   return ::ioctl(faults, UFFDIO_UNREGISTER, &r) == 0;
 }
 
-bool send_with_fd(int socket, char byte, int fd) noexcept {
-  iovec io{&byte, 1};
+namespace {
+
+// One byte of message with room for one descriptor beside it.
+struct FdMessage {
+  explicit FdMessage(char* byte) noexcept : io{byte, 1} {
+    m.msg_iov = &io;
+    m.msg_iovlen = 1;
+    m.msg_control = control;
+    m.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+
+  iovec io;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
   msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
-  cmsghdr* h = CMSG_FIRSTHDR(&m);
+};
+
+}  // namespace
+
+bool send_with_fd(int socket, char byte, int fd) noexcept {
+  FdMessage msg(&byte);
+  cmsghdr* h = CMSG_FIRSTHDR(&msg.m);
   h->cmsg_level = SOL_SOCKET;
   h->cmsg_type = SCM_RIGHTS;
   h->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(h), &fd, sizeof fd);
   long n;
-  do n = ::sendmsg(socket, &m, MSG_NOSIGNAL);
+  do n = ::sendmsg(socket, &msg.m, MSG_NOSIGNAL);
   while (n < 0 && errno == EINTR);
   return n == 1;
 }
 
 bool receive_with_fd(int socket, char* byte, int* fd) noexcept {
   *fd = -1;
-  iovec io{byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr m{};
-  m.msg_iov = &io;
-  m.msg_iovlen = 1;
-  m.msg_control = control;
-  m.msg_controllen = sizeof control;
+  FdMessage msg(byte);
   long n;
-  do n = ::recvmsg(socket, &m, MSG_CMSG_CLOEXEC);
+  do n = ::recvmsg(socket, &msg.m, MSG_CMSG_CLOEXEC);
   while (n < 0 && errno == EINTR);
   if (n != 1) return false;
-  for (cmsghdr* h = CMSG_FIRSTHDR(&m); h != nullptr; h = CMSG_NXTHDR(&m, h)) {
+  for (cmsghdr* h = CMSG_FIRSTHDR(&msg.m); h != nullptr; h = CMSG_NXTHDR(&msg.m, h)) {
     if (h->cmsg_level == SOL_SOCKET && h->cmsg_type == SCM_RIGHTS) {
       std::memcpy(fd, CMSG_DATA(h), sizeof *fd);
     }

@@ -37,6 +37,7 @@ ALL_FLAGS = [
     ("--zeroed", "no", "MNEMOSYNE_ZEROED", "no"),
     ("--pin", "granule", "MNEMOSYNE_PIN", "granule"),
     ("--fork-keep-ms", "120000", "MNEMOSYNE_FORK_KEEP_MS", "120000"),
+    ("--fork-pull-ms", "100", "MNEMOSYNE_FORK_PULL_MS", "100"),
     ("--verbose", None, "MNEMOSYNE_VERBOSE", "1"),
     ("--stats", None, "MNEMOSYNE_SHOW_STATS", "1"),
     ("--stats-file", STATS_DIR + "/s.%p.json", "MNEMOSYNE_STATS_FILE",

@@ -205,6 +205,9 @@ struct ForkCopy {
   // reuse the numbers).
   std::uint64_t pull_child_id = 0;
   std::uint64_t pull_faults_id = 0;
+  // In the child: its watched segments are the first pull_count of shadows
+  // (child_after_fork forgets shadow_count).
+  std::size_t pull_count = 0;
 };
 extern constinit ForkCopy g_fork;  // defined in image.cpp
 

@@ -118,7 +118,7 @@ static void forget_reused() noexcept {
 static void end_pull_in_child() noexcept {
   forget_reused();
   if (g_fork.pull_faults.open()) {
-    for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+    for (std::size_t i = 0; i < g_fork.pull_count; ++i) {
       pull::unwatch(g_fork.pull_faults.fd(), g_fork.shadows[i].target, g_fork.shadows[i].size);
     }
   }
@@ -139,6 +139,7 @@ static char parent_answer() noexcept {
 void start_pull_in_child() noexcept {
   g_fork.pull_parent.close();
   const int socket = g_fork.pull_child.fd();
+  g_fork.pull_count = g_fork.shadow_count;
   int faults = pull::open_faults();
   bool watched = faults >= 0;
   for (std::size_t i = 0; watched && i < g_fork.shadow_count; ++i) {
@@ -173,7 +174,7 @@ void finish_pull_in_child() noexcept {
     // on until the budget ends): wait until the parent has made the image
     // and stopped watching, which a fresh userfaultfd tells by being able
     // to watch the same pages.
-    while (g_fork.shadow_count != 0 &&
+    while (g_fork.pull_count != 0 &&
            pull::watched(g_fork.shadows[0].target, g_fork.shadows[0].size)) {
       Os::sleep_ns(1000 * 1000);
     }
