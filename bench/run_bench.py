@@ -334,6 +334,10 @@ def fork_exec(allocs, base_env, build, quick):
     lib = os.path.join(build, "interpose", "libmnemosyne.so")
     configs = [(name, extra) for name, extra in allocs if name in ("glibc", "mnemosyne-unified")]
     configs.append(pinned_config(allocs, lib))
+    # The same two with children that pull their heap (MNEMOSYNE_FORK_PULL_MS,
+    # docs/fork.md), where this user may use userfaultfd.
+    configs += [(name + "-pull", {**extra, "MNEMOSYNE_FORK_PULL_MS": "100"})
+                for name, extra in configs if name != "glibc"]
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_exec.py")
     binary = os.path.join(build, "bench", "fork_cost")
     stats_dir = tempfile.mkdtemp(prefix="mnemosyne-fork-exec-")
@@ -405,9 +409,12 @@ def fork_exec_section(rows):
           "the others (warm), from the call to the child's end, in ms, with the ratio to "
           "glibc's; then the heap copied per child (`fork_bytes_copied` over the children). "
           "Targets (issue 47): within 1.2x glibc's time, cold and warm, at most 1 MiB copied "
-          "per child; `read1`: at most 2% of the heap plus mimalloc's metadata.", "",
-          "| case | heap | glibc | `unified` | copied | `pinned` | copied |",
-          "|---|---|---|---|---|---|---|"]
+          "per child; `read1`: at most 2% of the heap plus mimalloc's metadata. The `+pull` "
+          "columns: `MNEMOSYNE_FORK_PULL_MS=100` (children take the pages they touch; a "
+          "parent with threads of its own, Node's, copies as without it).", "",
+          "| case | heap | glibc | `unified` | copied | `pinned` | copied | `unified+pull` | "
+          "copied | `pinned+pull` | copied |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
     keys = []
     for r in rows:
         if (r["case"], r["heap_mib"]) not in keys:
@@ -428,11 +435,14 @@ def fork_exec_section(rows):
 
         def copied(name):
             r = got.get(name)
-            return f"{r['copied_mib_per_child']:.0f} MiB" if r and r["copied_mib_per_child"] != "" \
-                else "-"
-        md.append(f"| {case} | {mib} MiB | {cell('glibc')} | {cell('mnemosyne-unified')} | "
-                  f"{copied('mnemosyne-unified')} | {cell('mnemosyne-pinned')} | "
-                  f"{copied('mnemosyne-pinned')} |")
+            if not r or r["copied_mib_per_child"] == "":
+                return "-"
+            mib = r["copied_mib_per_child"]
+            return f"{mib:.0f} MiB" if mib >= 10 else f"{mib:.2f} MiB"
+        md.append(f"| {case} | {mib} MiB | {cell('glibc')} | " + " | ".join(
+            f"{cell(n)} | {copied(n)}" for n in ("mnemosyne-unified", "mnemosyne-pinned",
+                                                  "mnemosyne-unified-pull",
+                                                  "mnemosyne-pinned-pull")) + " |")
     return md + [""]
 
 
