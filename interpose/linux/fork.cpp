@@ -468,7 +468,12 @@ pid_t wrapped_fork(ForkFn real) noexcept {
   // driver owns or inside a driver call, where the wait could be for itself.
   const bool gate = early && !kRunHandlers;
   if (gate) arena::close_fork_gate();
-  if (early && !arena::copy_early()) {
+  // A child that will pull its heap reads only what it touches: copying
+  // what a device holds through the driver first would cost a heap's worth
+  // for a child that execs (the pages it does pull are read by the CPU).
+  // Should the fork copy after all, its pass reads those with the CPU too.
+  const bool copy_first = early && !(arena::fork_may_pull() && alone_but_for_the_driver());
+  if (copy_first && !arena::copy_early()) {
     if (gate) arena::open_fork_gate();
     g_fork_lock.release();
     errno = ENOMEM;  // no memory for the child's copy of the heap
@@ -485,7 +490,7 @@ pid_t wrapped_fork(ForkFn real) noexcept {
   }
   if (kRunHandlers) on_parent_after_fork();
   if (gate) arena::open_fork_gate();
-  if (early) arena::end_early();
+  if (copy_first) arena::end_early();
   g_fork_lock.release();
   errno = pid > 0 ? saved_errno : fork_errno;
   return pid;

@@ -191,6 +191,10 @@ bool child_after_fork(bool own_fork = true) noexcept;
 // into its image; finish_pull_in_child, in a child still pulling, before it
 // forks itself, has its parent copy the rest.
 bool fork_pull_enabled() noexcept;  // MNEMOSYNE_FORK_PULL_MS is not 0
+// Whether the next fork's child would pull, as far as the arena can tell
+// before the fork (the option, a kept base, userfaultfd): copy_early's
+// driver copy is then not worth making.
+bool fork_may_pull() noexcept;
 bool fork_child_pulls() noexcept;
 void serve_forked_child() noexcept;
 void finish_pull_in_child() noexcept;

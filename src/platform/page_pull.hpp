@@ -62,6 +62,11 @@ Event wait(int faults, int socket, int timeout_ms, std::uintptr_t* address) noex
 // fill there, -1 when the child's memory is gone (it exec'd or exited).
 long fill(int faults, std::uintptr_t at, std::size_t size) noexcept;
 
+// Maps the zero page at the child's pages [at, at + size) that it has not
+// got yet (free space: a later write of the child's copies it, and adds
+// nothing to the file its heap maps).
+void zero(int faults, std::uintptr_t at, std::size_t size) noexcept;
+
 void close(int fd) noexcept;
 
 // Which file a descriptor is (its device and inode), 0 when it is not open;

@@ -186,6 +186,24 @@ long fill(int faults, std::uintptr_t at, std::size_t size) noexcept {
   return filled;
 }
 
+void zero(int faults, std::uintptr_t at, std::size_t size) noexcept {
+  const std::size_t page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  for (std::size_t done = 0; done < size;) {
+    uffdio_zeropage z{};
+    z.range.start = at + done;
+    z.range.len = size - done;
+    if (::ioctl(faults, UFFDIO_ZEROPAGE, &z) == 0) return;
+    const int err = errno;
+    if (z.zeropage > 0) {
+      done += static_cast<std::size_t>(z.zeropage);
+    } else if (err == EEXIST) {
+      done += page;  // the child has it
+    } else if (err != EAGAIN && err != EINTR) {
+      return;
+    }
+  }
+}
+
 void close(int fd) noexcept {
   if (fd >= 0) ::close(fd);
 }

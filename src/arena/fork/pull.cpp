@@ -248,6 +248,34 @@ bool child_alive(Service& sv) noexcept {
   return n >= 0;
 }
 
+// The free space of the heap (runs of kMinFreeBytes or more outside the live
+// ranges, kMaxFreeRuns of them at most), as child.cpp's map_free_space
+// makes it: the zero page in the child, where the image's holes would add a
+// page to the image for each one the child writes.
+void zero_free_space(int faults) noexcept {
+  const std::size_t page = Os::page_size();
+  std::size_t runs = kMaxFreeRuns;
+  for (std::size_t i = 0; i < g_fork.shadow_count; ++i) {
+    const Shadow& s = g_fork.shadows[i];
+    if (s.live == nullptr) continue;
+    const std::size_t pages = s.size / page;
+    const auto start = reinterpret_cast<std::uintptr_t>(s.target);
+    for (std::size_t p = 0; p < pages && runs > 0;) {
+      if (bit(s.live, p)) {
+        ++p;
+        continue;
+      }
+      std::size_t q = p + 1;
+      while (q < pages && !bit(s.live, q)) ++q;
+      if ((q - p) * page >= kMinFreeBytes) {
+        pull::zero(faults, start + p * page, (q - p) * page);
+        --runs;
+      }
+      p = q;
+    }
+  }
+}
+
 // The rest of the heap into the image, as a fork without the pull makes it;
 // then no page is watched, and the child is told.
 void fill_image(Service& sv) noexcept {
@@ -271,6 +299,7 @@ void fill_image(Service& sv) noexcept {
     if (n > 0) sv.pulled += static_cast<std::uint64_t>(n);
   }
   g_fork.missing_count = 0;  // the child has them all
+  if (sv.faults >= 0) zero_free_space(sv.faults);
   if (sv.faults >= 0) {
     const SegmentTable::Entry* entries = g_state.table.entries();
     for (std::size_t i = 0; i < g_state.table.high_water(); ++i) {
@@ -316,6 +345,11 @@ void await_child(Service& sv) noexcept {
 
 bool fork_pull_enabled() noexcept {
   return g_state.cfg.fork_pull_ms != 0;
+}
+
+bool fork_may_pull() noexcept {
+  return g_state.cfg.fork_pull_ms != 0 && !g_state.forked_child &&
+         g_fork.base_deadline.load(std::memory_order_acquire) == 0 && pull_possible();
 }
 
 bool fork_child_pulls() noexcept {
