@@ -209,8 +209,12 @@ void close(int fd) noexcept {
 }
 
 std::uint64_t file_id(int fd) noexcept {
+  // The system call, not glibc's fstat: that is a symbol of glibc 2.33
+  // (before, __fxstat), which a library built with glibc_compat to load on
+  // glibc 2.31 may not need. The kernel's struct stat is glibc's on 64-bit
+  // Linux.
   struct stat st {};
-  if (fd < 0 || ::fstat(fd, &st) != 0) return 0;
+  if (fd < 0 || ::syscall(SYS_fstat, fd, &st) != 0) return 0;
   return (static_cast<std::uint64_t>(st.st_dev) << 40) ^ static_cast<std::uint64_t>(st.st_ino);
 }
 
