@@ -210,8 +210,7 @@ struct Service {
   std::uint64_t deadline = 0;
   std::uint64_t pulled = 0;
   std::uint64_t max_pulled = 0;
-  bool filled = false;  // the image holds everything: kept as the base
-  bool gone = false;    // the child exec'd or exited
+  bool gone = false;  // the child exec'd or exited
 };
 
 const Shadow* shadow_of(std::uintptr_t address) noexcept {
@@ -309,7 +308,6 @@ void fill_image(Service& sv) noexcept {
       }
     }
   }
-  sv.filled = true;
   pull::send_byte(g_fork.pull_parent.fd(), 'R');
 }
 
